@@ -1,0 +1,106 @@
+"""The request and its output as plain dataclasses, shared by every process.
+
+gRPC messages stop at each process's `server.py` (see `protos/convert.py`); inside, code
+passes these.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SlaClass(enum.IntEnum):
+    INTERACTIVE = 1
+    BATCH = 2
+
+
+class FinishReason(enum.IntEnum):
+    NONE = 0  # the stream goes on
+    STOP = 1
+    LENGTH = 2
+    CANCELLED = 3
+    ERROR = 4
+
+
+class EventKind(enum.IntEnum):
+    NONE = 0
+    MIGRATED = 1
+    RECOVERED = 2
+    RESUMED = 3
+    QUEUED = 4
+    NOTICE = 5
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Validated sampling parameters (see `spotinfer.validation`)."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: disabled
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A request whose prompt is already token ids (text prompts are tokenized at the edge)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: Sampling
+    sla_class: SlaClass = SlaClass.INTERACTIVE
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    from_worker: str = ""
+    to_worker: str = ""
+    recomputed_tokens: int = 0
+    loaded_tokens: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """New output of one engine step: `token_ids` start at output index `index`."""
+
+    request_id: str
+    index: int
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    finish_reason: FinishReason = FinishReason.NONE
+    event: Event | None = None
+    worker_id: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason != FinishReason.NONE
+
+
+@dataclass
+class RequestOutput:
+    """A whole output as a client assembles it from chunks; checks exactly-once delivery."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: FinishReason = FinishReason.NONE
+    events: list[Event] = field(default_factory=list)
+
+    def add(self, chunk: TokenChunk) -> None:
+        if chunk.token_ids and chunk.index != len(self.token_ids):
+            raise ValueError(
+                f"request {self.request_id}: chunk at index {chunk.index}, "
+                f"expected {len(self.token_ids)}"
+            )
+        self.token_ids.extend(chunk.token_ids)
+        self.text += chunk.text
+        if chunk.event is not None:
+            self.events.append(chunk.event)
+        if chunk.finished:
+            self.finish_reason = chunk.finish_reason

@@ -1,0 +1,80 @@
+"""What every spotinfer gRPC server shares: health, reflection, options, and the one table
+that maps our typed errors to gRPC status codes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from spotinfer.validation import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The status code a client sees for one of our errors (INTERNAL for anything else)."""
+    # Imported here: the worker's errors live in the worker package, and this module must
+    # not make every process import every other.
+    from worker.errors import DuplicateRequest, EngineNotReady, RequestNotFound, WorkerDraining
+
+    table: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+        (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+        (RequestNotFound, grpc.StatusCode.NOT_FOUND),
+        (DuplicateRequest, grpc.StatusCode.ALREADY_EXISTS),
+        (EngineNotReady, grpc.StatusCode.UNAVAILABLE),
+        (WorkerDraining, grpc.StatusCode.UNAVAILABLE),
+    )
+    for error_type, code in table:
+        if isinstance(exc, error_type):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """Ends the call with the status that fits `exc`; unexpected errors are logged."""
+    code = status_for(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("unexpected error in a call", exc_info=exc)
+    await context.abort(code, str(exc) or type(exc).__name__)
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def add_health_and_reflection(
+    server: grpc.aio.Server, service_names: Iterable[str]
+) -> HealthServicer:
+    """Registers grpc.health.v1 (all services NOT_SERVING until the caller says otherwise)
+    and server reflection."""
+    names = list(service_names)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+    return health
+
+
+async def set_serving(health: HealthServicer, service_names: Iterable[str], serving: bool) -> None:
+    status = SERVING if serving else NOT_SERVING
+    for name in ["", *service_names]:
+        await health.set(name, status)

@@ -1,0 +1,85 @@
+"""The rules a request must meet before any engine sees it; coordinator and worker share them.
+
+Every rule raises `InvalidRequest` with a message that names the field and the bound, so a
+client can fix its call without reading our code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spotinfer.requests import Sampling
+
+MAX_REQUEST_ID_CHARS = 128
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+
+class InvalidRequest(ValueError):
+    """The request breaks a rule; maps to INVALID_ARGUMENT."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a serving engine can take."""
+
+    max_model_len: int
+    max_tokens_limit: int
+    vocab_size: int
+
+
+def check_request_id(request_id: str) -> None:
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest(f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters")
+    if any(ch.isspace() or not ch.isprintable() for ch in request_id):
+        raise InvalidRequest("request_id must be printable and contain no whitespace")
+
+
+def check_prompt_choice(prompt: str, prompt_token_ids: Sequence[int]) -> None:
+    """Exactly one of the two prompt forms, and not empty."""
+    if prompt and prompt_token_ids:
+        raise InvalidRequest("set exactly one of prompt and prompt_token_ids, not both")
+    if not prompt and not prompt_token_ids:
+        raise InvalidRequest("the prompt is empty: set prompt or prompt_token_ids")
+
+
+def check_prompt_tokens(token_ids: tuple[int, ...], limits: Limits) -> None:
+    if not token_ids:
+        raise InvalidRequest("the prompt is empty after tokenization")
+    if len(token_ids) >= limits.max_model_len:
+        raise InvalidRequest(
+            f"the prompt has {len(token_ids)} tokens; this model serves at most "
+            f"{limits.max_model_len} tokens of context, output included"
+        )
+    bad = next((t for t in token_ids if t >= limits.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(
+            f"prompt token id {bad} is outside the vocabulary ({limits.vocab_size})"
+        )
+
+
+def check_sampling(sampling: Sampling, prompt_len: int, limits: Limits) -> None:
+    if sampling.max_tokens < 1:
+        raise InvalidRequest("max_tokens must be at least 1")
+    if sampling.max_tokens > limits.max_tokens_limit:
+        raise InvalidRequest(
+            f"max_tokens {sampling.max_tokens} is over this server's limit of "
+            f"{limits.max_tokens_limit}"
+        )
+    if prompt_len + sampling.max_tokens > limits.max_model_len:
+        raise InvalidRequest(
+            f"prompt ({prompt_len} tokens) + max_tokens ({sampling.max_tokens}) is over the "
+            f"context length {limits.max_model_len}"
+        )
+    if not math.isfinite(sampling.temperature) or sampling.temperature < 0:
+        raise InvalidRequest(f"temperature must be >= 0, got {sampling.temperature}")
+    if not math.isfinite(sampling.top_p) or not 0 < sampling.top_p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.top_k < 0:
+        raise InvalidRequest(f"top_k must be 0 (disabled) or positive, got {sampling.top_k}")
+    if len(sampling.stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings")
+    if any(not s or len(s) > MAX_STOP_STRING_CHARS for s in sampling.stop):
+        raise InvalidRequest(f"stop strings must have 1..{MAX_STOP_STRING_CHARS} characters")

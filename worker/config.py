@@ -1,0 +1,147 @@
+"""The worker's one configuration object; the only place that reads the environment.
+
+CLI flags are derived from the fields (`add_arguments` / `from_args`), so a new field is a
+new flag with its docstring as help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.constants import (
+    DEFAULT_DRAIN_GRACE_SECONDS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_NUM_SEQS,
+    DTYPES,
+)
+
+
+def _default_worker_id() -> str:
+    return os.environ.get("SPOTINFER_WORKER_ID") or f"worker-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: str = field(metadata={"help": "HF-format model folder (or hub id where reachable)"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=50061, metadata={"help": "gRPC port; 0 picks a free one"})
+    worker_id: str = field(
+        default_factory=_default_worker_id, metadata={"help": "name in the cluster"}
+    )
+    dtype: str = field(default="auto", metadata={"help": f"weights/KV dtype: {DTYPES}"})
+    max_model_len: int = field(
+        default=DEFAULT_MAX_MODEL_LEN, metadata={"help": "context length (prompt + output)"}
+    )
+    max_num_seqs: int = field(
+        default=DEFAULT_MAX_NUM_SEQS,
+        metadata={"help": "most sequences in one engine step (the workload batch size)"},
+    )
+    max_num_batched_tokens: int = field(
+        default=0, metadata={"help": "most tokens in one engine step; 0: vLLM's default"}
+    )
+    kv_cache_bytes: int = field(
+        default=0,
+        metadata={"help": "KV cache size in bytes; 0: planned from --memory-gib, else vLLM's"},
+    )
+    memory_gib: float = field(
+        default=0.0,
+        metadata={
+            "help": "memory this worker may use for weights + KV (+10%% reserve); sizes the KV "
+            "cache and caps max_num_seqs so peak concurrency fits"
+        },
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata={"help": "GPU: fraction of device memory vLLM may use"}
+    )
+    tensor_parallel_size: int = field(default=1, metadata={"help": "tensor parallel degree"})
+    enforce_eager: bool = field(default=True, metadata={"help": "skip graph capture"})
+    enable_prefix_caching: bool = field(
+        default=False, metadata={"help": "vLLM's automatic prefix caching"}
+    )
+    seed: int = field(default=0, metadata={"help": "engine seed"})
+    max_tokens_limit: int = field(
+        default=0, metadata={"help": "largest max_tokens a request may ask; 0: max_model_len"}
+    )
+    drain_grace_seconds: float = field(
+        default=DEFAULT_DRAIN_GRACE_SECONDS,
+        metadata={"help": "on SIGTERM, how long in-flight requests may run before they are cut"},
+    )
+    max_message_bytes: int = field(
+        default=DEFAULT_MAX_MESSAGE_BYTES, metadata={"help": "largest gRPC message accepted"}
+    )
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must name a model folder or id")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_num_batched_tokens", "kv_cache_bytes", "max_tokens_limit"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.memory_gib < 0:
+            raise ValueError(f"memory_gib must not be negative, got {self.memory_gib}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.drain_grace_seconds < 0:
+            raise ValueError("drain_grace_seconds must not be negative")
+        if self.max_message_bytes < 1024:
+            raise ValueError("max_message_bytes must be at least 1024")
+
+    @property
+    def effective_max_tokens_limit(self) -> int:
+        return self.max_tokens_limit or self.max_model_len
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field: `--max-num-seqs` for `max_num_seqs`, help from the metadata."""
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            help_text = f.metadata.get("help", "")
+            if f.type in ("bool", bool):
+                parser.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
+                )
+            else:
+                required = (
+                    f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                )
+                parser.add_argument(
+                    flag, type=_field_type(f), default=None, help=help_text, required=required
+                )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **overrides: Any) -> WorkerConfig:
+        """Builds the config from parsed flags; unset flags keep the field defaults."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            value = getattr(args, f.name, None)
+            if value is not None:
+                values[f.name] = value
+        values.update(overrides)
+        return cls(**values)
+
+
+def _field_type(f: dataclasses.Field[Any]) -> type:
+    return {"int": int, "float": float, "str": str}.get(str(f.type), str)
+
+
+def engine_environment() -> dict[str, str]:
+    """Environment a vLLM engine needs here, as defaults the caller's environment overrides."""
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false"),
+    }

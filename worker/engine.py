@@ -1,0 +1,308 @@
+"""One vLLM engine (`AsyncLLM`) behind the worker: admission, token streams, abort, drain.
+
+vLLM does the continuous batching; this class adds what a cluster needs around it: our own
+request ids, validation against the engine's real limits, output indices, a draining state,
+and the numbers the coordinator routes by.
+
+    gRPC Generate ──▶ Engine.generate ──▶ AsyncLLM.generate (DELTA outputs, one per step)
+                              │                    │
+                              ◀── TokenChunk(index, token_ids, text, finish_reason)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from spotinfer.requests import FinishReason, GenerationRequest, TokenChunk
+from spotinfer.validation import Limits, check_prompt_tokens, check_sampling
+from worker.config import WorkerConfig, engine_environment
+from worker.engine_stats import EngineSnapshot, EngineStats
+from worker.errors import DuplicateRequest, EngineNotReady, RequestNotFound, WorkerDraining
+
+log = logging.getLogger(__name__)
+
+_FINISH_REASONS = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "abort": FinishReason.CANCELLED,
+    "error": FinishReason.ERROR,
+}
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """What the loaded engine really got (after vLLM sized it)."""
+
+    model: str
+    max_model_len: int
+    max_num_seqs: int
+    vocab_size: int
+    kv_blocks_total: int
+    kv_block_tokens: int
+    kv_cache_bytes: int
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    worker_id: str
+    ready: bool
+    draining: bool
+    engine: EngineSnapshot
+    shape: EngineShape | None
+    requests_total: int
+
+
+class Engine:
+    """Owns one `AsyncLLM`. Not thread-safe: call from the event loop that serves gRPC."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self._llm: Any = None
+        self._shape: EngineShape | None = None
+        self._limits: Limits | None = None
+        self._stats = EngineStats()
+        self._draining = False
+        self._in_flight: dict[str, asyncio.Event] = {}
+        self._requests_total = 0
+        self._start_error: BaseException | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Loads the model; blocking parts run in a thread so health checks still answer."""
+        try:
+            self._llm = await asyncio.to_thread(self._build)
+        except BaseException as exc:
+            self._start_error = exc
+            raise
+        self._shape = self._read_shape()
+        self._limits = Limits(
+            max_model_len=self._shape.max_model_len,
+            max_tokens_limit=min(self.config.effective_max_tokens_limit, self._shape.max_model_len),
+            vocab_size=self._shape.vocab_size,
+        )
+        log.info(
+            "engine ready: %s, %d KV blocks of %d tokens, max_num_seqs %d",
+            self._shape.model,
+            self._shape.kv_blocks_total,
+            self._shape.kv_block_tokens,
+            self._shape.max_num_seqs,
+        )
+
+    def _build(self) -> Any:
+        for key, value in engine_environment().items():
+            os.environ.setdefault(key, value)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        kv_cache_bytes, max_num_seqs = self.planned_kv_and_seqs()
+        if kv_cache_bytes:
+            # vLLM-CPU's legacy variable would override an explicit size.
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        args = AsyncEngineArgs(
+            model=self.config.model,
+            dtype=self.config.dtype,  # type: ignore[arg-type]  # checked in WorkerConfig
+            max_model_len=self.config.max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens or None,
+            kv_cache_memory_bytes=kv_cache_bytes or None,
+            gpu_memory_utilization=self.config.gpu_memory_utilization,
+            tensor_parallel_size=self.config.tensor_parallel_size,
+            enforce_eager=self.config.enforce_eager,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+            seed=self.config.seed,
+            disable_log_stats=False,
+        )
+        return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.logger_factory()])
+
+    def planned_kv_and_seqs(self) -> tuple[int, int]:
+        """KV bytes and max_num_seqs: explicit values, or the memory planner's when
+        `memory_gib` is set (max_num_seqs is then capped so peak concurrency fits)."""
+        kv_cache_bytes = self.config.kv_cache_bytes
+        max_num_seqs = self.config.max_num_seqs
+        if self.config.memory_gib and not kv_cache_bytes:
+            from worker.memory_planner import plan_for_worker
+
+            kv_cache_bytes, fitting_seqs = plan_for_worker(
+                self.config.model,
+                int(self.config.memory_gib * 2**30),
+                self.config.max_model_len,
+                dtype=self.config.dtype,  # type: ignore[arg-type]  # checked in WorkerConfig
+                tensor_parallel_size=self.config.tensor_parallel_size,
+                block_tokens=_platform_block_tokens(),
+            )
+            max_num_seqs = min(max_num_seqs, fitting_seqs)
+        return kv_cache_bytes, max_num_seqs
+
+    def _read_shape(self) -> EngineShape:
+        vllm_config = self._llm.vllm_config
+        cache = vllm_config.cache_config
+        blocks = int(cache.num_gpu_blocks or 0)
+        return EngineShape(
+            model=self.config.model,
+            max_model_len=int(vllm_config.model_config.max_model_len),
+            max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
+            vocab_size=int(vllm_config.model_config.get_vocab_size()),
+            kv_blocks_total=blocks,
+            kv_block_tokens=int(cache.block_size),
+            kv_cache_bytes=int(cache.kv_cache_memory_bytes or 0),
+        )
+
+    @property
+    def ready(self) -> bool:
+        return self._shape is not None and not self._draining
+
+    @property
+    def shape(self) -> EngineShape:
+        if self._shape is None:
+            raise EngineNotReady("the engine is still loading the model")
+        return self._shape
+
+    @property
+    def limits(self) -> Limits:
+        if self._limits is None:
+            raise EngineNotReady("the engine is still loading the model")
+        return self._limits
+
+    def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    # -- requests ----------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        if self._llm is None:
+            raise EngineNotReady("the engine is still loading the model")
+        return tuple(self._llm.tokenizer.encode(text))
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raises InvalidRequest with a readable message; see `spotinfer.validation`."""
+        check_prompt_tokens(request.prompt_token_ids, self.limits)
+        check_sampling(request.sampling, len(request.prompt_token_ids), self.limits)
+        if request.sampling.top_k > self.limits.vocab_size:
+            from worker.errors import InvalidRequest
+
+            raise InvalidRequest(
+                f"top_k {request.sampling.top_k} is over the vocabulary size "
+                f"{self.limits.vocab_size}"
+            )
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        """Streams the output; the caller going away aborts the request in vLLM."""
+        if self._draining:
+            raise WorkerDraining("the worker is draining and admits no new requests")
+        if self._llm is None:
+            raise EngineNotReady("the engine is still loading the model")
+        self.validate(request)
+        request_id = request.request_id
+        if request_id in self._in_flight:
+            raise DuplicateRequest(f"request {request_id!r} is already running on this worker")
+        done = asyncio.Event()
+        self._in_flight[request_id] = done
+        self._requests_total += 1
+        index = 0
+        finished = False
+        try:
+            outputs = self._llm.generate(
+                {"prompt_token_ids": list(request.prompt_token_ids)},
+                self._sampling_params(request),
+                request_id=request_id,
+            )
+            async for output in outputs:
+                completion = output.outputs[0]
+                finish = _FINISH_REASONS.get(completion.finish_reason or "", FinishReason.NONE)
+                if output.finished and finish == FinishReason.NONE:
+                    finish = FinishReason.STOP
+                chunk = TokenChunk(
+                    request_id=request_id,
+                    index=index,
+                    token_ids=tuple(completion.token_ids),
+                    text=completion.text,
+                    finish_reason=finish,
+                    worker_id=self.config.worker_id,
+                )
+                index += len(chunk.token_ids)
+                finished = chunk.finished
+                yield chunk
+                if finished:
+                    break
+            if not finished:
+                # vLLM ends an aborted request's stream without a final output.
+                yield TokenChunk(
+                    request_id=request_id,
+                    index=index,
+                    finish_reason=FinishReason.CANCELLED,
+                    worker_id=self.config.worker_id,
+                )
+        finally:
+            del self._in_flight[request_id]
+            done.set()
+
+    def _sampling_params(self, request: GenerationRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = request.sampling
+        return SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            stop=list(sampling.stop) or None,
+            ignore_eos=sampling.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        if request_id not in self._in_flight:
+            raise RequestNotFound(request_id)
+        await self._llm.abort(request_id)
+
+    async def drain(self, grace_seconds: float) -> int:
+        """Stops admitting; waits up to `grace_seconds` for in-flight requests, then aborts
+        the rest (their streams end CANCELLED). Returns how many had to be aborted."""
+        self._draining = True
+        deadline = time.monotonic() + grace_seconds
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        remaining = list(self._in_flight)
+        for request_id in remaining:
+            await self._llm.abort(request_id)
+        for request_id in remaining:
+            event = self._in_flight.get(request_id)
+            if event is not None:
+                await event.wait()
+        return len(remaining)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def status(self) -> WorkerStatus:
+        return WorkerStatus(
+            worker_id=self.config.worker_id,
+            ready=self.ready,
+            draining=self._draining,
+            engine=self._stats.snapshot(),
+            shape=self._shape,
+            requests_total=self._requests_total,
+        )
+
+
+def _platform_block_tokens() -> int:
+    """vLLM's KV block size: 128 tokens on CPU, 16 on GPU."""
+    from vllm.platforms import current_platform
+
+    return 128 if current_platform.is_cpu() else 16

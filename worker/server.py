@@ -1,0 +1,159 @@
+"""The worker's gRPC edge: `spotinfer.v1.Worker` over one `Engine`, health and reflection.
+
+Proto messages stop here. Health is NOT_SERVING until the engine has loaded, and again from
+the moment a drain starts, so the coordinator routes only to a worker that will answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from protos.convert import chunk_to_proto, sampling_from_proto, sla_from_proto
+from protos.spotinfer.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from spotinfer.requests import GenerationRequest
+from spotinfer.rpc import abort_with, add_health_and_reflection, server_options, set_serving
+from spotinfer.validation import check_prompt_choice, check_request_id
+from worker.config import WorkerConfig
+from worker.constants import SERVER_STOP_GRACE_SECONDS
+from worker.engine import Engine
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+
+class WorkerService(worker_pb2_grpc.WorkerServicer):
+    def __init__(
+        self, engine: Engine, set_health: Callable[[bool], Awaitable[None]] | None = None
+    ) -> None:
+        self._engine = engine
+        self._set_health = set_health
+
+    def _to_request(self, msg: common_pb2.GenerateRequest) -> GenerationRequest:
+        check_request_id(msg.request_id)
+        check_prompt_choice(msg.prompt, msg.prompt_token_ids)
+        token_ids = (
+            tuple(msg.prompt_token_ids)
+            if msg.prompt_token_ids
+            else self._engine.tokenize(msg.prompt)
+        )
+        return GenerationRequest(
+            request_id=msg.request_id or f"req-{uuid.uuid4().hex}",
+            prompt_token_ids=token_ids,
+            sampling=sampling_from_proto(msg.sampling),
+            sla_class=sla_from_proto(msg.sla_class),
+        )
+
+    async def Generate(  # noqa: N802 - gRPC method name
+        self, request: common_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        try:
+            generation = self._to_request(request)
+            async for chunk in self._engine.generate(generation):
+                yield chunk_to_proto(chunk)
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # mapped to a status in one place
+            await abort_with(context, exc)
+
+    async def Resume(  # noqa: N802
+        self, request: worker_pb2.ResumeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "Resume needs the context daemon's store; this worker runs without one",
+        )
+        yield common_pb2.GenerateResponse()  # pragma: no cover - unreachable, makes a generator
+
+    async def Abort(  # noqa: N802
+        self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.AbortResponse:
+        try:
+            await self._engine.abort(request.request_id)
+        except Exception as exc:
+            await abort_with(context, exc)
+        return worker_pb2.AbortResponse(aborted=True)
+
+    async def Drain(  # noqa: N802
+        self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.DrainResponse:
+        in_flight = self._engine.in_flight
+        if self._set_health is not None:
+            await self._set_health(False)
+        asyncio.get_running_loop().create_task(self._engine.drain(request.grace_seconds))
+        return worker_pb2.DrainResponse(in_flight=in_flight)
+
+    async def Stats(  # noqa: N802
+        self, request: worker_pb2.StatsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerStats:
+        status = self._engine.status()
+        msg = worker_pb2.WorkerStats(
+            worker_id=status.worker_id,
+            ready=status.ready,
+            draining=status.draining,
+            running_seqs=status.engine.running_seqs,
+            waiting_seqs=status.engine.waiting_seqs,
+            tokens_per_second=status.engine.tokens_per_second,
+            generated_tokens_total=status.engine.generated_tokens_total,
+            requests_total=status.requests_total,
+            model=self._engine.config.model,
+        )
+        if status.shape is not None:
+            used = round(status.engine.kv_cache_usage * status.shape.kv_blocks_total)
+            msg.kv_blocks_total = status.shape.kv_blocks_total
+            msg.kv_blocks_used = used
+            msg.kv_blocks_free = status.shape.kv_blocks_total - used
+            msg.kv_block_tokens = status.shape.kv_block_tokens
+            msg.max_num_seqs = status.shape.max_num_seqs
+            msg.max_model_len = status.shape.max_model_len
+        return msg
+
+
+async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
+    """Runs the worker until SIGTERM/SIGINT (or `stop`), then drains. Returns an exit code."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    engine = Engine(config)
+    server = grpc.aio.server(options=server_options(config.max_message_bytes))
+    health = add_health_and_reflection(server, [SERVICE_NAME])
+
+    async def set_health(serving: bool) -> None:
+        await set_serving(health, [SERVICE_NAME], serving)
+
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(engine, set_health), server)
+    await set_serving(health, [SERVICE_NAME], False)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    await server.start()
+    # One line a launcher can wait for, also when the port was picked by the OS.
+    print(f"spotinfer worker {config.worker_id} listening on {config.host}:{port}", flush=True)
+
+    start = loop.create_task(engine.start())
+    stopped = loop.create_task(stop.wait())
+    await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if start.done() and start.exception() is not None:
+        log.error("the engine failed to start: %s", start.exception())
+        await server.stop(0)
+        return 1
+    if start.done():
+        await set_serving(health, [SERVICE_NAME], True)
+        print(f"spotinfer worker {config.worker_id} ready", flush=True)
+        await stopped
+    else:
+        start.cancel()
+
+    await set_serving(health, [SERVICE_NAME], False)
+    if start.done():
+        aborted = await engine.drain(config.drain_grace_seconds)
+        log.info("drained; %d request(s) cut at the grace limit", aborted)
+    await server.stop(SERVER_STOP_GRACE_SECONDS)
+    engine.shutdown()
+    return 0
