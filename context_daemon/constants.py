@@ -1,0 +1,56 @@
+"""Constants of the context daemon: key schema version, block format, timeouts, notice timing."""
+
+from __future__ import annotations
+
+# --- Redis key schema -------------------------------------------------------------------------
+# Bump when the meaning of any key changes; old and new daemons then never read each other's data.
+KEY_SCHEMA_VERSION = 1
+KEY_PREFIX = f"si:v{KEY_SCHEMA_VERSION}:"
+
+# --- committed tokens -------------------------------------------------------------------------
+# Token ids are stored packed, little-endian unsigned 32-bit: every tokenizer vocabulary fits.
+TOKEN_ID_BYTES = 4
+MAX_TOKEN_ID = 2**32 - 1
+
+# --- KV block format --------------------------------------------------------------------------
+BLOCK_FORMAT_VERSION = 1
+BLOCK_MAGIC = b"SIKV"
+# blake2b digest size of one link of the block hash chain: 128 bits keeps accidental
+# collisions out of reach (birthday bound ~2^64 blocks) while keeping keys short.
+BLOCK_HASH_BYTES = 16
+
+# --- expiry -----------------------------------------------------------------------------------
+DEFAULT_REQUEST_TTL_SECONDS = 6 * 3600
+DEFAULT_RETENTION_SECONDS = 0
+DEFAULT_BLOCK_TTL_SECONDS = 3600
+
+# --- Redis client -----------------------------------------------------------------------------
+# Short socket timeouts: the decode loop must learn quickly that Redis is gone, not hang.
+DEFAULT_SOCKET_TIMEOUT_SECONDS = 2.0
+DEFAULT_SOCKET_CONNECT_TIMEOUT_SECONDS = 1.0
+
+# --- notices ----------------------------------------------------------------------------------
+AWS_POLL_INTERVAL_SECONDS = 2.0
+AWS_TOKEN_TTL_SECONDS = 21600
+# Refresh the IMDSv2 token this long before it expires, so no request carries a dying token.
+AWS_TOKEN_REFRESH_MARGIN_SECONDS = 60.0
+AWS_NOTICE_SECONDS = 120.0
+GCP_POLL_INTERVAL_SECONDS = 1.0
+GCP_DEFAULT_NOTICE_SECONDS = 30.0
+GCP_MAX_NOTICE_SECONDS = 120.0
+GCP_WAIT_FOR_CHANGE_TIMEOUT_SECONDS = 30.0
+AZURE_POLL_INTERVAL_SECONDS = 1.0
+AZURE_API_VERSION = "2020-07-01"
+AZURE_MIN_NOTICE_SECONDS = 30.0
+FILE_POLL_INTERVAL_SECONDS = 0.5
+FILE_DEFAULT_GRACE_SECONDS = 30.0
+HTTP_TIMEOUT_SECONDS = 2.0
+
+AWS_METADATA_BASE_URL = "http://169.254.169.254"
+GCP_METADATA_BASE_URL = "http://metadata.google.internal"
+AZURE_METADATA_BASE_URL = "http://169.254.169.254"
+
+# --- flush planner ----------------------------------------------------------------------------
+# Bytes a committed token costs on the wire besides its id (command framing, key, script args),
+# amortised: tokens are tiny next to KV, which is why they always go first.
+TOKEN_WIRE_BYTES = 16

@@ -1,0 +1,48 @@
+"""The Redis store: request records, committed tokens and content-addressed KV blocks.
+
+``keys`` spells every key; ``block_codec`` names and encodes blocks; ``lua_scripts`` holds
+the atomic server-side steps; ``redis_link`` sends command batches and translates failures;
+``redis_store`` is the API the daemon uses, on Redis or Redis Cluster alike.
+"""
+
+from context_daemon.store.block_codec import KVBlock, KVFormat, block_hashes, tail_hash
+from context_daemon.store.block_refs import BlockRead, BlockWrite, block_reads
+from context_daemon.store.errors import (
+    BlockRejected,
+    CommitConflict,
+    ConflictReason,
+    InvalidTransition,
+    RejectReason,
+    RequestExists,
+    RequestNotFound,
+    StoreError,
+    StoreUnavailable,
+)
+from context_daemon.store.redis_store import CommitOutcome, RedisStore, TokenCommit
+from context_daemon.store.request_record import RequestRecord, RequestStatus
+from context_daemon.store.store_config import StoreConfig
+
+__all__ = [
+    "BlockRead",
+    "BlockRejected",
+    "BlockWrite",
+    "CommitConflict",
+    "CommitOutcome",
+    "ConflictReason",
+    "InvalidTransition",
+    "KVBlock",
+    "KVFormat",
+    "RedisStore",
+    "RejectReason",
+    "RequestExists",
+    "RequestNotFound",
+    "RequestRecord",
+    "RequestStatus",
+    "StoreConfig",
+    "StoreError",
+    "StoreUnavailable",
+    "TokenCommit",
+    "block_hashes",
+    "block_reads",
+    "tail_hash",
+]

@@ -1,0 +1,278 @@
+"""KV block identity (the hash chain) and the binary form a block takes in Redis.
+
+Identity: a full block is named by a hash chain over the model and every token before and in
+it, so two requests sharing a prompt prefix share the blocks of that prefix, and a reader can
+recompute the name from the tokens it holds and check that the block holds the KV of exactly
+those tokens::
+
+    h_0 = blake2b(ZERO        || len(fp) || fp || token ids of block 0)
+    h_i = blake2b(h_{i-1}     || len(fp) || fp || token ids of block i)
+
+A partial last block gets the same kind of link over the tokens it holds; that hash goes into
+its header for verification, but the block is stored under a per-request key (its content
+changes as the request decodes, so it must not pose as a shared full block).
+
+Stored form: ONE Redis string per block, a fixed binary header followed by the payload::
+
+    offset  size  field
+    ------  ----  ---------------------------------------------------------------
+         0     4  magic b"SIKV"
+         4     2  format version
+         6     2  header length in bytes (fixed part + dtype + layout)
+         8     4  CRC-32 of header bytes [12, header length) followed by the payload
+        12     2  layer count
+        14     4  block_tokens (tokens per block of the engine)
+        18     4  num_tokens filled (< block_tokens only for a partial tail)
+        22     8  payload length in bytes
+        30    16  prefix hash (the chain hash through the block's last token)
+        46    16  blake2b-128 digest of the model fingerprint
+        62     1  dtype length d
+        63     2  layout length l
+        65     d  dtype (ASCII, e.g. "float32")
+      65+d     l  layout (ASCII, e.g. "cpu:blocks,kv_heads,block,2*head_dim")
+    65+d+l     …  payload
+
+Why one value rather than a header key and a bytes key: a single SET is atomic, so a reader
+can never see a header without its bytes or the bytes of an older write with a newer header;
+it is also one round trip and one key per block. The header is ~100 bytes next to payloads of
+tens of KiB to MiB, so sending it with every write costs nothing measurable.
+
+Why CRC-32 (zlib): it catches every single-byte flip and every burst up to 32 bits, which is
+what storage and network corruption look like, and runs at several GB/s; it does not defend
+against a deliberate forger, which the prefix hash and the fingerprint check do not need to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from context_daemon.constants import (
+    BLOCK_FORMAT_VERSION,
+    BLOCK_HASH_BYTES,
+    BLOCK_MAGIC,
+    MAX_TOKEN_ID,
+    TOKEN_ID_BYTES,
+)
+from context_daemon.store.errors import BlockRejected, RejectReason
+
+_CHAIN_PERSON = b"si-kv-chain"
+_FINGERPRINT_PERSON = b"si-model-fp"
+_ROOT_HASH = bytes(BLOCK_HASH_BYTES)
+# magic, version, header_len, crc, layers, block_tokens, num_tokens, payload_len,
+# prefix hash, fingerprint digest, dtype len, layout len
+_FIXED = struct.Struct(f"<4sHHIHIIQ{BLOCK_HASH_BYTES}s{BLOCK_HASH_BYTES}sBH")
+_CRC_OFFSET = 8
+_CRC_COVERS_FROM = 12
+MAX_DTYPE_CHARS = 255
+MAX_LAYOUT_CHARS = 65535 - _FIXED.size - MAX_DTYPE_CHARS
+
+
+def pack_token_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as packed little-endian uint32, the form used in hashes and in Redis."""
+    for token_id in token_ids:
+        if not 0 <= token_id <= MAX_TOKEN_ID:
+            raise ValueError(f"token id {token_id} outside [0, {MAX_TOKEN_ID}]")
+    return struct.pack(f"<{len(token_ids)}I", *token_ids)
+
+
+def unpack_token_ids(data: bytes) -> list[int]:
+    if len(data) % TOKEN_ID_BYTES:
+        raise ValueError(f"packed token ids of odd length {len(data)}")
+    return list(struct.unpack(f"<{len(data) // TOKEN_ID_BYTES}I", data))
+
+
+def fingerprint_digest(model_fingerprint: str) -> bytes:
+    return hashlib.blake2b(
+        model_fingerprint.encode(), digest_size=BLOCK_HASH_BYTES, person=_FINGERPRINT_PERSON
+    ).digest()
+
+
+def chain_hash(parent_hash: bytes, model_fingerprint: str, token_ids: Sequence[int]) -> bytes:
+    """One link of the chain: the hash of a block given the hash of the block before it."""
+    fingerprint = model_fingerprint.encode()
+    hasher = hashlib.blake2b(digest_size=BLOCK_HASH_BYTES, person=_CHAIN_PERSON)
+    hasher.update(parent_hash)
+    hasher.update(struct.pack("<I", len(fingerprint)))
+    hasher.update(fingerprint)
+    hasher.update(pack_token_ids(token_ids))
+    return hasher.digest()
+
+
+def block_hashes(
+    model_fingerprint: str, token_ids: Sequence[int], block_tokens: int
+) -> list[bytes]:
+    """Chain hashes of every FULL block of ``token_ids``; a trailing partial block is left out."""
+    if block_tokens <= 0:
+        raise ValueError("block_tokens must be positive")
+    hashes: list[bytes] = []
+    parent = _ROOT_HASH
+    for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
+        parent = chain_hash(parent, model_fingerprint, token_ids[start : start + block_tokens])
+        hashes.append(parent)
+    return hashes
+
+
+def tail_hash(model_fingerprint: str, token_ids: Sequence[int], block_tokens: int) -> bytes | None:
+    """Chain hash of the partial last block of ``token_ids``, or None when it ends on a boundary."""
+    full = block_hashes(model_fingerprint, token_ids, block_tokens)
+    tail_start = len(full) * block_tokens
+    if tail_start == len(token_ids):
+        return None
+    parent = full[-1] if full else _ROOT_HASH
+    return chain_hash(parent, model_fingerprint, token_ids[tail_start:])
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    """What a reader must agree on with the writer before KV bytes mean the same thing."""
+
+    model_fingerprint: str
+    """Identifies weights and model config; KV of another model is meaningless here."""
+    dtype: str
+    """Element type of the payload, e.g. ``float32``, ``bfloat16``."""
+    layout: str
+    """How the engine lays out one block (e.g. ``cpu:blocks,kv_heads,block,2*head_dim``)."""
+    layer_count: int
+    """Attention layers whose KV the payload holds."""
+    block_tokens: int
+    """Tokens per KV block of the engine (128 on vLLM-CPU, 16 on GPU)."""
+
+    def __post_init__(self) -> None:
+        if not self.model_fingerprint:
+            raise ValueError("model_fingerprint must not be empty")
+        if not self.dtype or len(self.dtype) > MAX_DTYPE_CHARS or not self.dtype.isascii():
+            raise ValueError(f"dtype must be 1..{MAX_DTYPE_CHARS} ASCII characters")
+        if not self.layout or len(self.layout) > MAX_LAYOUT_CHARS or not self.layout.isascii():
+            raise ValueError(f"layout must be 1..{MAX_LAYOUT_CHARS} ASCII characters")
+        if not 0 < self.layer_count < 2**16:
+            raise ValueError(f"layer_count {self.layer_count} outside [1, 65535]")
+        if not 0 < self.block_tokens < 2**32:
+            raise ValueError(f"block_tokens {self.block_tokens} must be positive")
+
+
+@dataclass(frozen=True)
+class KVBlock:
+    """The KV of one block: every layer's data for up to ``block_tokens`` tokens."""
+
+    kv_format: KVFormat
+    prefix_hash: bytes
+    """Chain hash through the block's last token (see the module docstring)."""
+    num_tokens: int
+    """Tokens filled; equal to ``kv_format.block_tokens`` for a full block."""
+    payload: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.prefix_hash) != BLOCK_HASH_BYTES:
+            raise ValueError(f"prefix_hash must be {BLOCK_HASH_BYTES} bytes")
+        if not 0 < self.num_tokens <= self.kv_format.block_tokens:
+            raise ValueError(
+                f"num_tokens {self.num_tokens} outside [1, {self.kv_format.block_tokens}]"
+            )
+
+    @property
+    def is_full(self) -> bool:
+        return self.num_tokens == self.kv_format.block_tokens
+
+
+def encode_block(block: KVBlock) -> bytes:
+    """Header + payload as stored in Redis."""
+    kv_format = block.kv_format
+    dtype = kv_format.dtype.encode()
+    layout = kv_format.layout.encode()
+    header_len = _FIXED.size + len(dtype) + len(layout)
+    header = bytearray(
+        _FIXED.pack(
+            BLOCK_MAGIC,
+            BLOCK_FORMAT_VERSION,
+            header_len,
+            0,
+            kv_format.layer_count,
+            kv_format.block_tokens,
+            block.num_tokens,
+            len(block.payload),
+            block.prefix_hash,
+            fingerprint_digest(kv_format.model_fingerprint),
+            len(dtype),
+            len(layout),
+        )
+    )
+    header += dtype + layout
+    crc = zlib.crc32(block.payload, zlib.crc32(header[_CRC_COVERS_FROM:]))
+    struct.pack_into("<I", header, _CRC_OFFSET, crc)
+    return bytes(header) + block.payload
+
+
+def decode_block(
+    block_name: str,
+    data: bytes | None,
+    expected: KVFormat,
+    expected_prefix_hash: bytes,
+    expected_num_tokens: int,
+) -> KVBlock:
+    """Parse and verify a stored block; raise BlockRejected unless every check passes.
+
+    ``expected_prefix_hash`` is computed by the reader from the tokens it holds, so a block
+    that passes holds the KV of exactly those tokens, written by the same model, in the same
+    dtype and layout, and unchanged since it was written.
+    """
+
+    def reject(reason: RejectReason, detail: str = "") -> BlockRejected:
+        return BlockRejected(block_name, reason, detail)
+
+    if data is None:
+        raise reject(RejectReason.MISSING)
+    if len(data) < _FIXED.size:
+        raise reject(RejectReason.MALFORMED, f"{len(data)} bytes is shorter than a header")
+    (
+        magic,
+        version,
+        header_len,
+        crc,
+        layer_count,
+        block_tokens,
+        num_tokens,
+        payload_len,
+        prefix_hash,
+        fp_digest,
+        dtype_len,
+        layout_len,
+    ) = _FIXED.unpack_from(data)
+    if magic != BLOCK_MAGIC:
+        raise reject(RejectReason.MALFORMED, "bad magic")
+    if version != BLOCK_FORMAT_VERSION:
+        raise reject(RejectReason.VERSION, f"format {version}, expected {BLOCK_FORMAT_VERSION}")
+    if header_len != _FIXED.size + dtype_len + layout_len or len(data) != header_len + payload_len:
+        raise reject(RejectReason.MALFORMED, "lengths do not add up")
+    view = memoryview(data)
+    if zlib.crc32(view[header_len:], zlib.crc32(view[_CRC_COVERS_FROM:header_len])) != crc:
+        raise reject(RejectReason.CHECKSUM)
+    if fp_digest != fingerprint_digest(expected.model_fingerprint):
+        raise reject(RejectReason.FINGERPRINT)
+    dtype = bytes(view[_FIXED.size : _FIXED.size + dtype_len]).decode("ascii", "replace")
+    if dtype != expected.dtype:
+        raise reject(RejectReason.DTYPE, f"{dtype!r}, expected {expected.dtype!r}")
+    layout = bytes(view[_FIXED.size + dtype_len : header_len]).decode("ascii", "replace")
+    if layout != expected.layout:
+        raise reject(RejectReason.LAYOUT, f"{layout!r}, expected {expected.layout!r}")
+    if (layer_count, block_tokens, num_tokens) != (
+        expected.layer_count,
+        expected.block_tokens,
+        expected_num_tokens,
+    ):
+        raise reject(
+            RejectReason.GEOMETRY,
+            f"layers/block/filled {layer_count}/{block_tokens}/{num_tokens}, expected "
+            f"{expected.layer_count}/{expected.block_tokens}/{expected_num_tokens}",
+        )
+    if prefix_hash != expected_prefix_hash:
+        raise reject(RejectReason.PREFIX_HASH)
+    return KVBlock(
+        kv_format=expected,
+        prefix_hash=prefix_hash,
+        num_tokens=num_tokens,
+        payload=bytes(view[header_len:]),
+    )

@@ -1,0 +1,99 @@
+"""The Redis key schema: the one place that spells a key.
+
+Every key starts with a versioned prefix. The part inside ``{…}`` is the Redis Cluster hash
+tag: only it decides the slot. All keys of one request carry ``{request_id}``, so they live
+in one slot and a Lua script may touch them together; a full KV block is content-addressed
+and shared by every request with the same prefix, so it carries its own hash as its tag and
+blocks spread over the cluster.
+
+::
+
+    key                                 type    holds                                   expiry
+    ----------------------------------  ------  --------------------------------------  ------------------
+    si:v1:req:{<request_id>}:meta       HASH    the request record (fields below)       request TTL, reset
+                                                                                        on every commit;
+                                                                                        retention at end
+    si:v1:req:{<request_id>}:tokens     STRING  committed token ids, packed uint32 LE,  as meta
+                                                index i at byte offset 4*i
+    si:v1:req:{<request_id>}:blocks     HASH    block index -> hex block hash of every  as meta
+                                                full KV block persisted for the request
+    si:v1:req:{<request_id>}:tail       STRING  the partial last KV block (header +      as meta
+                                                payload); not content-addressed
+    si:v1:blk:{<block_hash_hex>}        STRING  one full KV block (header + payload),   block TTL, reset
+                                                shared by all requests with its prefix  when referenced
+
+    meta fields: request_id, model_fingerprint, prompt_token_ids (packed uint32 LE),
+    sampling_params (JSON), status, owner_worker_id, committed_length, created_unix_ms,
+    updated_unix_ms, kv_block_tokens
+
+Request ids may not contain ``{``, ``}`` or whitespace and may not be empty: an empty tag or a
+brace inside it would move keys of one request to different slots.
+"""
+
+from __future__ import annotations
+
+from context_daemon.constants import KEY_PREFIX
+
+MAX_REQUEST_ID_CHARS = 256
+_FORBIDDEN_REQUEST_ID_CHARS = frozenset("{}")
+_GLOB_SPECIAL_CHARS = frozenset("*?[]\\")
+
+
+def validate_request_id(request_id: str) -> None:
+    """Raise ValueError for an id that would break the hash-tag rule or the glob used by scans."""
+    if not request_id:
+        raise ValueError("request_id must not be empty")
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise ValueError(f"request_id longer than {MAX_REQUEST_ID_CHARS} characters")
+    if any(ch in _FORBIDDEN_REQUEST_ID_CHARS or ch.isspace() for ch in request_id):
+        raise ValueError(f"request_id {request_id!r} contains a brace or whitespace")
+
+
+def _request_key(request_id: str, field: str) -> str:
+    validate_request_id(request_id)
+    return f"{KEY_PREFIX}req:{{{request_id}}}:{field}"
+
+
+def request_meta_key(request_id: str) -> str:
+    return _request_key(request_id, "meta")
+
+
+def request_tokens_key(request_id: str) -> str:
+    return _request_key(request_id, "tokens")
+
+
+def request_blocks_key(request_id: str) -> str:
+    return _request_key(request_id, "blocks")
+
+
+def request_tail_key(request_id: str) -> str:
+    return _request_key(request_id, "tail")
+
+
+def request_keys(request_id: str) -> tuple[str, str, str, str]:
+    """Every key a request owns, in the order the Lua scripts expect them (meta first)."""
+    return (
+        request_meta_key(request_id),
+        request_tokens_key(request_id),
+        request_blocks_key(request_id),
+        request_tail_key(request_id),
+    )
+
+
+def request_key_pattern(request_id: str) -> str:
+    """A SCAN MATCH pattern for every key of the request, known to this schema or not."""
+    validate_request_id(request_id)
+    escaped = "".join(f"\\{ch}" if ch in _GLOB_SPECIAL_CHARS else ch for ch in request_id)
+    return f"{KEY_PREFIX}req:{{{escaped}}}:*"
+
+
+def block_key(block_hash: bytes) -> str:
+    """Key of a full, content-addressed KV block."""
+    if not block_hash:
+        raise ValueError("block_hash must not be empty")
+    return f"{KEY_PREFIX}blk:{{{block_hash.hex()}}}"
+
+
+def schema_pattern() -> str:
+    """A SCAN MATCH pattern for every key this schema version owns."""
+    return f"{KEY_PREFIX}*"

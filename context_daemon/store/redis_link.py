@@ -1,0 +1,122 @@
+"""The link to Redis: building a client, sending command batches, translating failures.
+
+Every batch is one pipeline, so it costs one network round trip per node it touches.
+redis-py's own failures never leave this module: unreachable or overloaded servers become
+StoreUnavailable, anything else Redis refuses becomes StoreError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    NoScriptError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.retry import Retry
+
+from context_daemon.store.errors import StoreError, StoreUnavailable
+from context_daemon.store.lua_scripts import ALL_SCRIPTS, LuaScript
+from context_daemon.store.store_config import StoreConfig
+
+RedisClient = redis.Redis | redis.RedisCluster
+Command = tuple[Any, ...]
+
+_UNAVAILABLE_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+    RedisClusterException,
+)
+
+
+def connect(url: str, cluster: bool, config: StoreConfig) -> RedisClient:
+    """A bytes client with the store's timeouts.
+
+    A standalone client connects on first use; a cluster client reads the slot map at once,
+    so it raises StoreUnavailable here when no node answers.
+    """
+    # One immediate retry covers a connection the server closed while idle; more retries
+    # with backoff would only delay the StoreUnavailable the caller needs to degrade.
+    options: dict[str, Any] = {
+        "socket_timeout": config.socket_timeout_seconds,
+        "socket_connect_timeout": config.socket_connect_timeout_seconds,
+        "retry": Retry(NoBackoff(), 1),
+        "decode_responses": False,
+    }
+    if not cluster:
+        return redis.Redis.from_url(url, **options)
+    try:
+        return redis.RedisCluster.from_url(url, **options)
+    except _UNAVAILABLE_ERRORS as error:
+        raise StoreUnavailable(f"Redis Cluster unavailable: {error}") from error
+
+
+def evalsha(script: LuaScript, script_keys: Sequence[str], args: Sequence[Any]) -> Command:
+    return ("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
+
+
+class RedisLink:
+    """Runs command batches on a standalone Redis or a Redis Cluster client alike."""
+
+    def __init__(self, client: RedisClient) -> None:
+        self._client = client
+
+    def run(self, commands: Sequence[Command]) -> list[Any]:
+        """Send ``commands`` in one pipeline; return their replies in order.
+
+        A server that lost its script cache (a restart, a failover) answers NOSCRIPT without
+        running anything; those commands are sent again after loading the scripts.
+        """
+        with self.translate_errors():
+            results = self._pipeline(commands)
+            forgotten = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+            if forgotten:
+                for script in ALL_SCRIPTS:
+                    self._client.script_load(script.source)
+                retried = self._pipeline([commands[i] for i in forgotten])
+                for i, result in zip(forgotten, retried, strict=True):
+                    results[i] = result
+            for command, result in zip(commands, results, strict=True):
+                if isinstance(result, _UNAVAILABLE_ERRORS):
+                    raise result
+                if isinstance(result, Exception):
+                    raise StoreError(f"Redis refused {command[0]}: {result}") from result
+            return results
+
+    def scan(self, pattern: str) -> list[bytes]:
+        """Every key matching ``pattern``, on every node of a cluster."""
+        with self.translate_errors():
+            return list(self._client.scan_iter(match=pattern))
+
+    def ping(self) -> None:
+        with self.translate_errors():
+            self._client.ping()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
+
+    @contextlib.contextmanager
+    def translate_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except _UNAVAILABLE_ERRORS as error:
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
+        except ResponseError as error:
+            raise StoreError(f"Redis error: {error}") from error

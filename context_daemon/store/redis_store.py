@@ -1,0 +1,371 @@
+"""RedisStore: request records, committed tokens and KV blocks in Redis or Redis Cluster.
+
+Every method is one round trip (a pipeline when it touches several keys or requests), so an
+engine step costs one network wait no matter how many requests it advanced. Redis being
+unreachable surfaces as StoreUnavailable within the socket timeout; nothing here retries
+in a loop, because the caller (the write-behind persister) decides what to drop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from context_daemon.constants import TOKEN_ID_BYTES
+from context_daemon.store import keys
+from context_daemon.store.block_codec import (
+    KVBlock,
+    KVFormat,
+    decode_block,
+    encode_block,
+    pack_token_ids,
+    unpack_token_ids,
+)
+from context_daemon.store.block_refs import BlockRead, BlockWrite
+from context_daemon.store.errors import (
+    BlockRejected,
+    CommitConflict,
+    ConflictReason,
+    InvalidTransition,
+    RequestExists,
+    RequestNotFound,
+    StoreUnavailable,
+)
+from context_daemon.store.lua_scripts import (
+    ATTACH_BLOCK,
+    COMMIT_TOKENS,
+    CREATE_REQUEST,
+    FINISH_REQUEST,
+    PUT_TAIL,
+    SET_STATUS,
+    ScriptCode,
+)
+from context_daemon.store.redis_link import Command, RedisClient, RedisLink, connect, evalsha
+from context_daemon.store.request_record import (
+    ALLOWED_PREVIOUS,
+    RequestRecord,
+    RequestStatus,
+)
+from context_daemon.store.store_config import StoreConfig
+
+_CONFLICT_BY_CODE = {
+    ScriptCode.GAP: ConflictReason.GAP,
+    ScriptCode.MISMATCH: ConflictReason.MISMATCH,
+    ScriptCode.NO_RECORD: ConflictReason.UNKNOWN_REQUEST,
+    ScriptCode.ENDED: ConflictReason.REQUEST_ENDED,
+}
+
+
+@dataclass(frozen=True)
+class TokenCommit:
+    """Tokens ``[start_index, start_index + len(token_ids))`` of one request's output."""
+
+    request_id: str
+    start_index: int
+    token_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        keys.validate_request_id(self.request_id)
+        if self.start_index < 0:
+            raise ValueError("start_index must not be negative")
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    """Result of one TokenCommit: the committed length after it, or why it was refused."""
+
+    request_id: str
+    committed_length: int
+    conflict: CommitConflict | None = None
+
+
+class RedisStore:
+    """The daemon's view of Redis. See keys.py for the key schema.
+
+    ``client`` must return bytes (``decode_responses=False``); use ``from_url`` to get one with
+    the short timeouts the decode loop relies on. ``clock`` returns unix seconds.
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        config: StoreConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._link = RedisLink(client)
+        self._config = config or StoreConfig()
+        self._clock = clock
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        cluster: bool = False,
+        config: StoreConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> RedisStore:
+        """A store on ``url`` (any node's URL when ``cluster``); see redis_link.connect."""
+        config = config or StoreConfig()
+        client = connect(url, cluster, config)
+        return cls(client, config, clock)
+
+    @property
+    def config(self) -> StoreConfig:
+        return self._config
+
+    def close(self) -> None:
+        self._link.close()
+
+    # --- availability ---------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless Redis answers."""
+        self._link.ping()
+
+    def is_available(self) -> bool:
+        try:
+            self.ping()
+        except StoreUnavailable:
+            return False
+        return True
+
+    # --- request records ------------------------------------------------------------------
+
+    def create_request(self, record: RequestRecord) -> None:
+        """Store a new record; raise RequestExists if the id is taken."""
+        now_ms = self._now_ms()
+        fields = record.to_fields()
+        fields["created_unix_ms"] = record.created_unix_ms or now_ms
+        fields["updated_unix_ms"] = now_ms
+        args: list[Any] = [self._config.request_ttl_seconds]
+        for name, value in fields.items():
+            args += [name, value]
+        meta_key = keys.request_meta_key(record.request_id)
+        (code,) = self._run([evalsha(CREATE_REQUEST, [meta_key], args)])
+        if code == ScriptCode.EXISTS:
+            raise RequestExists(record.request_id)
+
+    def get_request(self, request_id: str) -> RequestRecord:
+        fields, block_hashes = self._run(
+            [
+                ("HGETALL", keys.request_meta_key(request_id)),
+                ("HGETALL", keys.request_blocks_key(request_id)),
+            ]
+        )
+        if not fields:
+            raise RequestNotFound(request_id)
+        return RequestRecord.from_fields(fields, block_hashes)
+
+    def update_status(
+        self, request_id: str, status: RequestStatus, owner_worker_id: str | None = None
+    ) -> RequestStatus:
+        """Move the request to ``status`` (and to a new owner when given); return the old status.
+
+        Raises RequestNotFound, or InvalidTransition for a move the lifecycle forbids.
+        """
+        if status.is_terminal:
+            raise ValueError("use finish_request for a terminal status")
+        args = [
+            status.value,
+            self._now_ms(),
+            "1" if owner_worker_id is not None else "0",
+            owner_worker_id or "",
+            *(previous.value for previous in ALLOWED_PREVIOUS[status]),
+        ]
+        ((code, before),) = self._run(
+            [evalsha(SET_STATUS, [keys.request_meta_key(request_id)], args)]
+        )
+        return self._status_result(request_id, code, before, status)
+
+    def finish_request(
+        self, request_id: str, status: RequestStatus = RequestStatus.FINISHED
+    ) -> bool:
+        """End the request: delete its keys, or keep them ``retention_seconds`` with ``status``.
+
+        Returns False when no record exists (already deleted or expired), so a retried finish
+        is harmless. Shared KV blocks are not touched: other requests may use them; they expire.
+        """
+        if not status.is_terminal:
+            raise ValueError(f"{status} is not a terminal status")
+        args = [
+            status.value,
+            self._now_ms(),
+            self._config.retention_seconds,
+            *(previous.value for previous in ALLOWED_PREVIOUS[status]),
+        ]
+        ((code, before),) = self._run(
+            [evalsha(FINISH_REQUEST, keys.request_keys(request_id), args)]
+        )
+        if code == ScriptCode.NO_RECORD:
+            return False
+        self._status_result(request_id, code, before, status)
+        return True
+
+    def delete_request(self, request_id: str) -> int:
+        """Delete every key of the request at once; return how many existed."""
+        (deleted,) = self._run([("DEL", *keys.request_keys(request_id))])
+        return int(deleted)
+
+    def keys_for_request(self, request_id: str) -> list[str]:
+        """Every key in Redis that belongs to the request (by SCAN, for leak checks)."""
+        found = self._link.scan(keys.request_key_pattern(request_id))
+        return sorted(key.decode() for key in found)
+
+    # --- committed tokens -----------------------------------------------------------------
+
+    def commit(self, request_id: str, start_index: int, token_ids: Sequence[int]) -> int:
+        """Commit one range; return the committed length, raise CommitConflict if refused."""
+        (outcome,) = self.commit_step([TokenCommit(request_id, start_index, tuple(token_ids))])
+        if outcome.conflict is not None:
+            raise outcome.conflict
+        return outcome.committed_length
+
+    def commit_step(self, commits: Sequence[TokenCommit]) -> list[CommitOutcome]:
+        """Commit the new tokens of one engine step, for any number of requests, in one round trip.
+
+        Each commit is applied atomically and independently: safe to retry in any order, it
+        never duplicates, reorders or leaves a gap; a refused commit writes nothing and comes
+        back with its conflict (the others still apply). Every commit restarts the request's
+        abandonment TTL.
+        """
+        now_ms = self._now_ms()
+        ttl = self._config.request_ttl_seconds
+        commands = [
+            evalsha(
+                COMMIT_TOKENS,
+                keys.request_keys(commit.request_id),
+                [commit.start_index, pack_token_ids(commit.token_ids), ttl, now_ms],
+            )
+            for commit in commits
+        ]
+        outcomes = []
+        for commit, (code, length) in zip(commits, self._run(commands), strict=True):
+            conflict = None
+            if code != ScriptCode.OK:
+                reason = _CONFLICT_BY_CODE[ScriptCode(code)]
+                conflict = CommitConflict(commit.request_id, reason, int(length))
+            outcomes.append(CommitOutcome(commit.request_id, int(length), conflict))
+        return outcomes
+
+    def committed_tokens(self, request_id: str, start_index: int = 0) -> list[int]:
+        """Committed token ids from ``start_index`` on."""
+        width = TOKEN_ID_BYTES
+        exists, data = self._run(
+            [
+                ("EXISTS", keys.request_meta_key(request_id)),
+                ("GETRANGE", keys.request_tokens_key(request_id), start_index * width, -1),
+            ]
+        )
+        if not exists:
+            raise RequestNotFound(request_id)
+        return unpack_token_ids(data)
+
+    # --- KV blocks ------------------------------------------------------------------------
+
+    def put_blocks(self, writes: Sequence[BlockWrite]) -> list[bool]:
+        """Persist many blocks in one round trip; True per write that is linked to a live record.
+
+        A full block is written to its content-addressed key first and linked to the request
+        after (in that order on one node), so a link never names a block that was not sent.
+        Writing an existing full block again restarts its TTL. A write for a request whose
+        record is gone stores the shared block (it expires) but no per-request key.
+        """
+        config = self._config
+        commands: list[Command] = []
+        for write in writes:
+            encoded = encode_block(write.block)
+            meta_key = keys.request_meta_key(write.request_id)
+            if write.block.is_full:
+                commands.append(
+                    (
+                        "SET",
+                        keys.block_key(write.block.prefix_hash),
+                        encoded,
+                        "EX",
+                        config.block_ttl_seconds,
+                    )
+                )
+                commands.append(
+                    evalsha(
+                        ATTACH_BLOCK,
+                        [meta_key, keys.request_blocks_key(write.request_id)],
+                        [
+                            write.block_index,
+                            write.block.prefix_hash.hex(),
+                            config.request_ttl_seconds,
+                        ],
+                    )
+                )
+            else:
+                commands.append(
+                    evalsha(
+                        PUT_TAIL,
+                        [meta_key, keys.request_tail_key(write.request_id)],
+                        [encoded, config.request_ttl_seconds],
+                    )
+                )
+        results = iter(self._run(commands))
+        linked = []
+        for write in writes:
+            if write.block.is_full:
+                next(results)
+            linked.append(next(results) == ScriptCode.OK)
+        return linked
+
+    def get_blocks(
+        self, reads: Sequence[BlockRead], kv_format: KVFormat
+    ) -> list[KVBlock | BlockRejected]:
+        """Load and verify blocks in one round trip; a failed check comes back as BlockRejected.
+
+        Reading a full block restarts its TTL: a referenced prefix stays.
+        """
+        commands: list[Command] = [
+            ("GETEX", read.key, "EX", self._config.block_ttl_seconds)
+            if read.is_full
+            else ("GET", read.key)
+            for read in reads
+        ]
+        loaded: list[KVBlock | BlockRejected] = []
+        for read, data in zip(reads, self._run(commands), strict=True):
+            try:
+                loaded.append(
+                    decode_block(read.name, data, kv_format, read.prefix_hash, read.num_tokens)
+                )
+            except BlockRejected as rejected:
+                loaded.append(rejected)
+        return loaded
+
+    def blocks_present(self, block_hashes: Sequence[bytes]) -> list[bool]:
+        """Which full blocks exist (unverified: a cheap probe for how much prefix is stored)."""
+        results = self._run([("EXISTS", keys.block_key(h)) for h in block_hashes])
+        return [bool(result) for result in results]
+
+    def block_ttl_seconds(self, block_hash: bytes) -> int:
+        """Remaining lifetime of a full block (-2: absent, -1: no expiry)."""
+        (ttl,) = self._run([("TTL", keys.block_key(block_hash))])
+        return int(ttl)
+
+    def request_ttl_seconds(self, request_id: str) -> dict[str, int]:
+        """Remaining lifetime of each existing key of the request."""
+        request_keys = keys.request_keys(request_id)
+        ttls = self._run([("TTL", key) for key in request_keys])
+        return {key: int(ttl) for key, ttl in zip(request_keys, ttls, strict=True) if ttl != -2}
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _status_result(
+        self, request_id: str, code: int, before: bytes, wanted: RequestStatus
+    ) -> RequestStatus:
+        if code == ScriptCode.NO_RECORD:
+            raise RequestNotFound(request_id)
+        if code == ScriptCode.BAD_TRANSITION:
+            raise InvalidTransition(request_id, before.decode(), wanted.value)
+        return RequestStatus(before.decode())
+
+    def _run(self, commands: Sequence[Command]) -> list[Any]:
+        return self._link.run(commands)

@@ -1,0 +1,118 @@
+"""The request record: what a standby needs to know to continue a request somewhere else."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from context_daemon.store.block_codec import pack_token_ids, unpack_token_ids
+from context_daemon.store.keys import validate_request_id
+
+
+class RequestStatus(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    PAUSED = "paused"  # stopped at an iteration boundary, state complete in the store
+    MIGRATING = "migrating"  # its KV is moving to a standby
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {RequestStatus.FINISHED, RequestStatus.CANCELLED, RequestStatus.FAILED}
+)
+_LIVE_STATUSES = frozenset(RequestStatus) - TERMINAL_STATUSES
+
+# A live request may move to any state (a lost worker re-queues it, a resume runs it again,
+# possibly on another owner); a terminal one never leaves its state, so a late commit or a
+# late status write from a worker that was presumed dead cannot revive it.
+ALLOWED_PREVIOUS: dict[RequestStatus, frozenset[RequestStatus]] = {
+    status: _LIVE_STATUSES | ({status} if status.is_terminal else frozenset())
+    for status in RequestStatus
+}
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as the store keeps it. Token lists are the ids the engine saw."""
+
+    request_id: str
+    model_fingerprint: str
+    prompt_token_ids: tuple[int, ...]
+    sampling_params: Mapping[str, Any]
+    """Plain JSON-serialisable mapping (temperature, seed, max_tokens, …)."""
+    kv_block_tokens: int
+    status: RequestStatus = RequestStatus.QUEUED
+    owner_worker_id: str = ""
+    """The worker that decodes it now; empty while nobody does."""
+    committed_length: int = 0
+    """Generated tokens committed so far; the next one has this index."""
+    created_unix_ms: int = 0
+    updated_unix_ms: int = 0
+    persisted_block_hashes: tuple[bytes, ...] = field(default=())
+    """Hashes of the full KV blocks persisted for it, block 0 first, no gaps."""
+
+    def __post_init__(self) -> None:
+        validate_request_id(self.request_id)
+        if not self.model_fingerprint:
+            raise ValueError("model_fingerprint must not be empty")
+        if self.kv_block_tokens <= 0:
+            raise ValueError("kv_block_tokens must be positive")
+        if self.committed_length < 0:
+            raise ValueError("committed_length must not be negative")
+
+    def to_fields(self) -> dict[str, bytes | str | int]:
+        """The meta HASH fields; block hashes live in their own key (see keys.py)."""
+        return {
+            "request_id": self.request_id,
+            "model_fingerprint": self.model_fingerprint,
+            "prompt_token_ids": pack_token_ids(self.prompt_token_ids),
+            "sampling_params": json.dumps(dict(self.sampling_params), sort_keys=True),
+            "status": self.status.value,
+            "owner_worker_id": self.owner_worker_id,
+            "committed_length": self.committed_length,
+            "created_unix_ms": self.created_unix_ms,
+            "updated_unix_ms": self.updated_unix_ms,
+            "kv_block_tokens": self.kv_block_tokens,
+        }
+
+    @classmethod
+    def from_fields(
+        cls, fields: Mapping[bytes, bytes], block_hashes: Mapping[bytes, bytes]
+    ) -> RequestRecord:
+        def text(name: str) -> str:
+            return fields[name.encode()].decode()
+
+        return cls(
+            request_id=text("request_id"),
+            model_fingerprint=text("model_fingerprint"),
+            prompt_token_ids=tuple(unpack_token_ids(fields[b"prompt_token_ids"])),
+            sampling_params=json.loads(text("sampling_params")),
+            kv_block_tokens=int(text("kv_block_tokens")),
+            status=RequestStatus(text("status")),
+            owner_worker_id=text("owner_worker_id"),
+            committed_length=int(text("committed_length")),
+            created_unix_ms=int(text("created_unix_ms")),
+            updated_unix_ms=int(text("updated_unix_ms")),
+            persisted_block_hashes=contiguous_block_hashes(block_hashes),
+        )
+
+
+def contiguous_block_hashes(by_index: Mapping[bytes, bytes]) -> tuple[bytes, ...]:
+    """Block hashes from index 0 up to the first missing index.
+
+    Blocks may land out of order (or one write may fail); only an unbroken prefix is usable,
+    because block i's KV is worthless without blocks 0..i-1.
+    """
+    hashes: list[bytes] = []
+    while (hex_hash := by_index.get(str(len(hashes)).encode())) is not None:
+        hashes.append(bytes.fromhex(hex_hash.decode()))
+    return tuple(hashes)

@@ -1,0 +1,1 @@
+"""Factories for the real processes that tests run against (redis-server, HTTP servers)."""
