@@ -1,4 +1,4 @@
-"""A real worker process (`python -m worker`) for integration tests.
+"""A real worker process (`python -m worker`) run by tests, benchmarks and the local cluster.
 
 The process is started with the test environment (OMP_NUM_THREADS=1, no vLLM
 multiprocessing of its own beyond the engine core), waited for until its health says
@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.spotinfer.v1 import worker_pb2_grpc
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # where `python -m worker` resolves
 READY_TIMEOUT_SECONDS = 180.0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.support.worker_process import REPO_ROOT
+from spotinfer.local.worker_process import REPO_ROOT
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

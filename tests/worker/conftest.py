@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.worker_process import WorkerProcess
+from spotinfer.local.worker_process import WorkerProcess
 
 # float32: on CPU, bf16 kernels depend on the batch size (see DESIGN.md), and these tests
 # compare outputs token for token.

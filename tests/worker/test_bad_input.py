@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from protos.spotinfer.v1 import common_pb2, worker_pb2
-from tests.support.worker_process import WorkerProcess
+from spotinfer.local.worker_process import WorkerProcess
 
 MAX_MODEL_LEN = 1024  # tests/worker/conftest.py
 

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from protos.spotinfer.v1 import common_pb2, worker_pb2
-from tests.support.worker_process import REPO_ROOT, WorkerProcess, process_environment
+from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, process_environment
 
 PROMPTS = [
     "The morning train left the station",

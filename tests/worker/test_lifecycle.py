@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from protos.spotinfer.v1 import common_pb2, worker_pb2
-from tests.support.worker_process import WorkerProcess
+from spotinfer.local.worker_process import WorkerProcess
 
 FLAGS = ("--dtype", "float32", "--max-model-len", "1024", "--kv-cache-bytes", str(32 << 20))
 

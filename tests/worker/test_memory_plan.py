@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from protos.spotinfer.v1 import worker_pb2
-from tests.support.worker_process import WorkerProcess
+from spotinfer.local.worker_process import WorkerProcess
 from worker.memory_planner import plan_memory
 
 MEMORY_GIB = 0.25  # tests/worker/conftest.py

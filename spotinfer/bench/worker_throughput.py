@@ -1,0 +1,253 @@
+"""Tokens/s through `Worker.Generate` over gRPC vs vLLM's offline `LLM.generate`, side by side.
+
+    python -m spotinfer.bench.worker_throughput [--model smollm2-135m] [--rounds 3]
+
+Same model, same requests (16 × 128 output tokens, greedy, EOS ignored), alternating rounds
+so that machine noise hits both sides alike. Also the time to first token that the gRPC
+worker adds over an in-process `AsyncLLM` given the same 16 concurrent requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from spotinfer.bench.baseline_engine import RESULT_PREFIX
+from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, process_environment
+
+PROMPTS = (
+    "Explain why the sky is blue in two sentences.",
+    "Write a short poem about a train leaving a station at dawn.",
+    "What is the capital of France, and what is it famous for?",
+    "Give three tips for writing clear technical documentation.",
+    "Describe how a refrigerator keeps food cold.",
+    "What are the main differences between cats and dogs as pets?",
+    "Summarize the plot of a story about a lost dragon finding its way home.",
+    "How do you make a simple tomato sauce?",
+    "List five things to pack for a weekend hiking trip.",
+    "Why do leaves change colour in autumn?",
+    "Explain what a byte is to a ten-year-old.",
+    "What should a new programmer learn first?",
+    "Describe the sound of rain on a tin roof.",
+    "How does a library organise its books?",
+    "What makes a good cup of coffee?",
+    "Tell me about the planets of the solar system.",
+)
+KV_CACHE_BYTES = 1 << 30
+MAX_MODEL_LEN = 2048
+
+
+def _engine_kwargs(dtype: str) -> dict[str, Any]:
+    return {
+        "dtype": dtype,
+        "max_model_len": MAX_MODEL_LEN,
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
+        "max_num_seqs": 64,
+    }
+
+
+class BaselineEngine:
+    """The baseline process (`spotinfer.bench.baseline_engine`), one command at a time."""
+
+    def __init__(self, model: str, dtype: str) -> None:
+        self._process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "spotinfer.bench.baseline_engine",
+                model,
+                json.dumps(_engine_kwargs(dtype)),
+            ],
+            cwd=REPO_ROOT,
+            env=process_environment(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            if line.startswith(RESULT_PREFIX):
+                result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+                return result
+        raise RuntimeError("the baseline engine exited")
+
+    def run(self, mode: str, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+        assert self._process.stdin is not None
+        command = {"mode": mode, "prompts": prompts, "max_tokens": max_tokens}
+        self._process.stdin.write(json.dumps(command) + "\n")
+        self._process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            assert self._process.stdin is not None
+            self._process.stdin.write(json.dumps({"mode": "quit"}) + "\n")
+            self._process.stdin.flush()
+            try:
+                self._process.wait(60)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+
+
+def run_grpc(worker: WorkerProcess, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    from protos.spotinfer.v1 import common_pb2
+
+    ttft_ms: list[float] = []
+    counts: list[int] = []
+    lock = threading.Lock()
+
+    def one(ids: list[int]) -> None:
+        request = common_pb2.GenerateRequest(
+            prompt_token_ids=ids,
+            sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        )
+        start = time.perf_counter()
+        first: float | None = None
+        n = 0
+        for response in worker.stub.Generate(request, timeout=600):
+            if first is None and response.token_ids:
+                first = (time.perf_counter() - start) * 1000
+            n += len(response.token_ids)
+        with lock:
+            ttft_ms.append(first or 0.0)
+            counts.append(n)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"seconds": time.perf_counter() - start, "tokens": sum(counts), "ttft_ms": ttft_ms}
+
+
+def _prompt_ids(model: str, count: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = [PROMPTS[i % len(PROMPTS)] for i in range(count)]
+    return [list(tokenizer.encode(t)) for t in texts]
+
+
+def measure(model: str, requests: int, max_tokens: int, rounds: int, dtype: str) -> dict[str, Any]:
+    prompts = _prompt_ids(model, requests)
+    kwargs = _engine_kwargs(dtype)
+    flags = (
+        *("--dtype", dtype),
+        *("--max-model-len", str(kwargs["max_model_len"])),
+        *("--kv-cache-bytes", str(kwargs["kv_cache_memory_bytes"])),
+        *("--max-num-seqs", str(kwargs["max_num_seqs"])),
+    )
+    runs: dict[str, list[dict[str, Any]]] = {"offline": [], "async": [], "grpc": []}
+    with Progress() as progress:
+        task = progress.add_task("loading engines", total=rounds * 3 + 1)
+        baseline = BaselineEngine(model, dtype)
+        worker = WorkerProcess(model, *flags).start()
+        try:
+            # Warm-up: the first run of each pays one-off costs.
+            baseline.run("offline", prompts[:2], 8)
+            baseline.run("async", prompts[:2], 8)
+            run_grpc(worker, prompts[:2], 8)
+            progress.update(task, advance=1, description="measuring")
+            order = ["offline", "grpc", "async"]
+            for r in range(rounds):
+                for mode in order[r % 3 :] + order[: r % 3]:
+                    if mode == "grpc":
+                        runs[mode].append(run_grpc(worker, prompts, max_tokens))
+                    else:
+                        runs[mode].append(baseline.run(mode, prompts, max_tokens))
+                    progress.update(task, advance=1)
+        finally:
+            baseline.close()
+            worker.stop()
+    return summarize(runs, model, requests, max_tokens, dtype)
+
+
+def summarize(
+    runs: dict[str, list[dict[str, Any]]], model: str, requests: int, max_tokens: int, dtype: str
+) -> dict[str, Any]:
+    def tps(mode: str) -> float:
+        return statistics.median(r["tokens"] / r["seconds"] for r in runs[mode])
+
+    def ttft(mode: str, q: float) -> float:
+        values = sorted(v for r in runs[mode] for v in r["ttft_ms"])
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    return {
+        "model": model,
+        "dtype": dtype,
+        "requests": requests,
+        "max_tokens": max_tokens,
+        "rounds": len(runs["grpc"]),
+        "tokens_per_second": {mode: tps(mode) for mode in runs},
+        "grpc_vs_offline_ratio": tps("grpc") / tps("offline"),
+        "grpc_vs_async_ratio": tps("grpc") / tps("async"),
+        "ttft_ms_p50": {"async": ttft("async", 0.5), "grpc": ttft("grpc", 0.5)},
+        "ttft_ms_p99": {"async": ttft("async", 0.99), "grpc": ttft("grpc", 0.99)},
+        "grpc_added_ttft_ms_p50": ttft("grpc", 0.5) - ttft("async", 0.5),
+        "runs": runs,
+    }
+
+
+def print_report(result: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"Worker throughput, {result['model']} ({result['dtype']})")
+    for column in ("path", "tokens/s (median)", "TTFT p50 ms", "TTFT p99 ms"):
+        table.add_column(column)
+    tps = result["tokens_per_second"]
+    table.add_row("vLLM LLM.generate (offline)", f"{tps['offline']:.1f}", "-", "-")
+    table.add_row(
+        "vLLM AsyncLLM in-process",
+        f"{tps['async']:.1f}",
+        f"{result['ttft_ms_p50']['async']:.1f}",
+        f"{result['ttft_ms_p99']['async']:.1f}",
+    )
+    table.add_row(
+        "spotinfer Worker.Generate (gRPC)",
+        f"{tps['grpc']:.1f}",
+        f"{result['ttft_ms_p50']['grpc']:.1f}",
+        f"{result['ttft_ms_p99']['grpc']:.1f}",
+    )
+    console.print(table)
+    console.print(
+        f"gRPC / offline = {result['grpc_vs_offline_ratio']:.3f}; "
+        f"gRPC / AsyncLLM = {result['grpc_vs_async_ratio']:.3f}; "
+        f"TTFT added by gRPC (p50) = {result['grpc_added_ttft_ms_p50']:.1f} ms"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--json", type=Path, default=None, help="write the full result here")
+    args = parser.parse_args(argv)
+    from spotinfer.models.smollm2 import resolve_model
+
+    model = str(resolve_model(args.model))
+    result = measure(model, args.requests, args.max_tokens, args.rounds, args.dtype)
+    print_report(result, Console())
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
