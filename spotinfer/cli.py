@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.model",
     "spotinfer.commands.plan",
     "spotinfer.commands.worker",
+    "spotinfer.commands.demo",
 )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -63,9 +64,7 @@ def _run_offline(llm: Any, prompts: list[list[int]], max_tokens: int) -> dict[st
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
-    outputs = llm.generate(
-        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
-    )
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "tokens": sum(len(o.outputs[0].token_ids) for o in outputs)}
 
@@ -96,6 +95,11 @@ async def _serve(model: str, kwargs: dict[str, Any]) -> None:
 
 def main() -> None:
     model, raw_kwargs = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "{}"
+    # Answers keep stdout to themselves: everything else (vLLM's logs, its engine-core
+    # child process) writes to stderr, so no log line can split an answer.
+    results = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = results
     asyncio.run(_serve(model, _engine_kwargs(raw_kwargs)))
 
 
