@@ -12,19 +12,32 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PIP_FAST := --timeout 5 --retries 0
 VLLM_EXTRA ?= cpu
 STAMP := $(VENV)/.spotinfer-installed
+# checkov pins versions that clash with vLLM's, so it gets a virtualenv of its own.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_VERSION ?= 3.3.30
 export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test lint typecheck protos bench model clean redis
+.PHONY: setup demo test lint protos bench model clean system-packages
 
-setup: $(STAMP) redis
+setup: $(STAMP) system-packages $(CHECKOV_VENV)/bin/checkov
 
-redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing redis-server (apt)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools; }
+# redis-server for the tests' own Redis processes; shellcheck for the boot-script checks.
+system-packages:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server redis-tools"; \
+	command -v shellcheck >/dev/null 2>&1 || missing="$$missing shellcheck"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing (apt):$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(CHECKOV_VENV)/bin/checkov:
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q $(PIP_FAST) "checkov==$(CHECKOV_VERSION)"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,7 +66,7 @@ protos: setup
 	$(BIN)/python -m spotinfer.protogen
 
 bench: setup model
-	$(BIN)/python -m spotinfer.bench.worker_throughput
+	$(BIN)/python -m spotinfer.bench.worker_throughput --json docs/bench/worker_throughput.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache

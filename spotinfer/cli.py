@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.plan",
     "spotinfer.commands.worker",
     "spotinfer.commands.demo",
+    "spotinfer.commands.fleet",
 )
 
 

@@ -1,0 +1,34 @@
+output "coordinator_internal_address" {
+  description = "Coordinator gRPC address inside the VPC."
+  value       = module.spotinfer.coordinator_internal_address
+}
+
+output "coordinator_public_address" {
+  description = "Coordinator gRPC address for client_cidrs (null if none)."
+  value       = module.spotinfer.coordinator_public_address
+}
+
+output "worker_asg_name" {
+  description = "Workers' Auto Scaling group."
+  value       = module.spotinfer.worker_asg_name
+}
+
+output "fis_experiment_template_id" {
+  description = "Template for `spotinfer fleet drill --cloud aws`."
+  value       = module.spotinfer.fis_experiment_template_id
+}
+
+output "notice_queue_url" {
+  description = "Queue for `spotinfer fleet notices --cloud aws`."
+  value       = module.spotinfer.notice_queue_url
+}
+
+output "fleet_tag" {
+  description = "Tag that marks the fleet's instances."
+  value       = module.spotinfer.fleet_tag
+}
+
+output "region" {
+  description = "Region of the fleet."
+  value       = var.region
+}

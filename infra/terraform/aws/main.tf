@@ -1,0 +1,108 @@
+# spotinfer worker fleet on EC2 spot.
+#
+#   clients ──▶ NLB (internal; public only for client_cidrs) ──▶ coordinator (on-demand ASG of 1)
+#                                                                   │ gRPC
+#                 ┌─────────────────────────────────────────────────┘
+#                 ▼
+#   worker ASG: spot, capacity-optimized over several GPU types and zones, capacity rebalance
+#     each VM: spotinfer-worker.service + spotinfer-daemon.service (notice source: aws IMDSv2)
+#                 │ tokens + KV blocks (TLS, AUTH)
+#                 ▼
+#   ElastiCache Redis (Multi-AZ)        EventBridge spot notices ──▶ SQS (for `spotinfer fleet notices`)
+#                                       FIS template: aws:ec2:send-spot-instance-interruptions
+#
+# Files: security.tf (security groups), iam.tf, workers.tf, coordinator.tf, redis.tf,
+# notices.tf (EventBridge + SQS), fis.tf, outputs.tf.
+
+data "aws_region" "current" {}
+data "aws_caller_identity" "current" {}
+data "aws_partition" "current" {}
+
+data "aws_vpc" "this" {
+  id = var.vpc_id
+}
+
+locals {
+  # The tag keys are shared with spotinfer/fleet/constants.py (FLEET_TAG_KEY, ROLE_TAG_KEY):
+  # the fleet adapter discovers workers by them, FIS targets them, IAM conditions test them.
+  fleet_tag_key = "spotinfer:fleet"
+  role_tag_key  = "spotinfer:role"
+
+  tags = merge(var.tags, {
+    (local.fleet_tag_key) = var.name
+    "managed-by"          = "terraform"
+  })
+
+  region     = data.aws_region.current.name
+  account_id = data.aws_caller_identity.current.account_id
+  partition  = data.aws_partition.current.partition
+  vpc_cidr   = data.aws_vpc.this.cidr_block
+
+  boot_dir = "${path.module}/../../boot"
+
+  # What every VM's boot script needs besides its role and units.
+  boot_settings = {
+    region              = local.region
+    package             = var.spotinfer_package
+    pip_args            = var.pip_args
+    model               = var.model
+    worker_port         = var.worker_port
+    daemon_peer_port    = var.daemon_peer_port
+    coordinator_address = "${aws_lb.coordinator["internal"].dns_name}:${var.coordinator_grpc_port}"
+    coordinator_port    = var.coordinator_grpc_port
+    redis_host          = aws_elasticache_replication_group.kv.primary_endpoint_address
+    redis_port          = aws_elasticache_replication_group.kv.port
+    redis_secret_arn    = aws_secretsmanager_secret.redis_auth.arn
+    install_script      = file("${local.boot_dir}/install-spotinfer.sh")
+  }
+}
+
+# One customer-managed key for the module's data at rest (Redis, its AUTH secret, drill logs):
+# one key policy to audit, rotation on, and deleting the fleet can revoke all of it at once.
+resource "aws_kms_key" "fleet" {
+  description             = "spotinfer ${var.name}: Redis at rest, Redis AUTH secret, drill logs"
+  enable_key_rotation     = true
+  deletion_window_in_days = 7
+  policy                  = data.aws_iam_policy_document.kms.json
+  tags                    = local.tags
+}
+
+resource "aws_kms_alias" "fleet" {
+  name          = "alias/spotinfer-${var.name}"
+  target_key_id = aws_kms_key.fleet.key_id
+}
+
+data "aws_iam_policy_document" "kms" {
+  # In a key policy "*" means "this key": these checks read it as an IAM policy over all keys.
+  #checkov:skip=CKV_AWS_109:key policy; "*" is this key and administration stays with the account root
+  #checkov:skip=CKV_AWS_111:key policy; "*" is this key and administration stays with the account root
+  #checkov:skip=CKV_AWS_356:key policy; "*" is this key and administration stays with the account root
+
+  # Key administration stays with the account's IAM policies (the AWS default key policy).
+  statement {
+    sid       = "AccountAdministers"
+    actions   = ["kms:*"]
+    resources = ["*"]
+    principals {
+      type        = "AWS"
+      identifiers = ["arn:${local.partition}:iam::${local.account_id}:root"]
+    }
+  }
+
+  # CloudWatch Logs encrypts the FIS log group with this key; only log groups of this account
+  # and region may use it.
+  statement {
+    sid       = "CloudWatchLogsEncrypt"
+    actions   = ["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"]
+    resources = ["*"]
+    principals {
+      type        = "Service"
+      identifiers = ["logs.${local.region}.amazonaws.com"]
+    }
+    condition {
+      test     = "ArnLike"
+      variable = "kms:EncryptionContext:aws:logs:arn"
+      values   = ["arn:${local.partition}:logs:${local.region}:${local.account_id}:log-group:*"]
+    }
+  }
+}

@@ -1,0 +1,66 @@
+# spotinfer worker fleet on GCE Spot VMs.
+#
+#   clients ──▶ coordinator (on-demand VM, static internal IP; external IP only for
+#               client_source_ranges)
+#                 │ gRPC
+#                 ▼
+#   regional managed instance group: SPOT VMs over var.zones, termination action, longer
+#   preemption notice (google-beta), autohealing on the worker port
+#     each VM: spotinfer-worker.service + spotinfer-daemon.service (notice source: gcp metadata)
+#                 │ tokens + KV blocks (TLS, AUTH)
+#                 ▼
+#   Memorystore Redis (STANDARD_HA)     drill: instances.simulateMaintenanceEvent
+#
+# Files: firewall.tf, workers.tf, coordinator.tf, redis.tf, outputs.tf.
+
+locals {
+  # Label keys are shared with spotinfer/fleet/constants.py (FLEET_LABEL_KEY, ROLE_LABEL_KEY);
+  # GCE labels allow no ':' so they differ from the AWS tag keys.
+  fleet_label_key = "spotinfer-fleet"
+  role_label_key  = "spotinfer-role"
+
+  labels = merge(var.labels, {
+    (local.fleet_label_key) = var.name
+    "managed-by"            = "terraform"
+  })
+
+  # Network tags: the firewall rules' sources and targets.
+  worker_tag      = "${var.name}-worker"
+  coordinator_tag = "${var.name}-coordinator"
+
+  boot_dir = "${path.module}/../../boot"
+
+  boot_settings = {
+    project             = var.project
+    package             = var.spotinfer_package
+    pip_args            = var.pip_args
+    model               = var.model
+    worker_port         = var.worker_port
+    daemon_peer_port    = var.daemon_peer_port
+    coordinator_address = "${google_compute_address.coordinator_internal.address}:${var.coordinator_grpc_port}"
+    coordinator_port    = var.coordinator_grpc_port
+    redis_host          = google_redis_instance.kv.host
+    redis_port          = google_redis_instance.kv.port
+    redis_ca_pem        = google_redis_instance.kv.server_ca_certs[0].cert
+    redis_secret_id     = google_secret_manager_secret.redis_auth.secret_id
+    install_script      = file("${local.boot_dir}/install-spotinfer.sh")
+  }
+}
+
+# One service account for the fleet's VMs, with only what the boot script and the agents use.
+resource "google_service_account" "node" {
+  project      = var.project
+  account_id   = "${var.name}-node"
+  display_name = "spotinfer ${var.name} workers and coordinator"
+}
+
+resource "google_project_iam_member" "node" {
+  for_each = toset([
+    "roles/logging.logWriter",
+    "roles/monitoring.metricWriter",
+  ])
+
+  project = var.project
+  role    = each.value
+  member  = "serviceAccount:${google_service_account.node.email}"
+}

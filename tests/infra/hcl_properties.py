@@ -1,0 +1,308 @@
+"""Properties the Terraform must keep, as functions over parsed HCL.
+
+Each ``check_*`` takes a ``TerraformModule`` (every ``*.tf`` of one directory, parsed with
+python-hcl2) and returns the violations it finds as sentences; an empty list means the
+property holds. Tests run them on infra/terraform and on mutated copies, which must fail.
+
+Values that are plain variable references (``${var.x}``) are resolved to the variable's
+default, which is what an operator gets without overrides.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hcl2
+from hcl2.utils import SerializationOptions
+
+OPEN_CIDRS = ("0.0.0.0/0", "::/0")
+_VAR_REFERENCE = re.compile(r"^\$\{var\.([A-Za-z0-9_]+)\}$")
+_OPTIONS = SerializationOptions(
+    with_comments=False, explicit_blocks=False, strip_string_quotes=True
+)
+
+
+@dataclass
+class TerraformModule:
+    path: Path
+    resources: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    data: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    variables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    locals: dict[str, Any] = field(default_factory=dict)
+
+    def of_type(self, resource_type: str) -> dict[str, dict[str, Any]]:
+        return self.resources.get(resource_type, {})
+
+    def resolve(self, value: Any) -> Any:
+        """A ``${var.x}`` reference becomes x's default; anything else stays as it is."""
+        if isinstance(value, str):
+            match = _VAR_REFERENCE.match(value)
+            if match and match.group(1) in self.variables:
+                return self.variables[match.group(1)].get("default")
+        return value
+
+
+def load_module(path: Path) -> TerraformModule:
+    module = TerraformModule(path)
+    for tf_file in sorted(path.glob("*.tf")):
+        with tf_file.open() as handle:
+            parsed = hcl2.load(handle, serialization_options=_OPTIONS)
+        for block in parsed.get("resource", []):
+            for resource_type, named in block.items():
+                module.resources.setdefault(resource_type, {}).update(named)
+        for block in parsed.get("data", []):
+            for data_type, named in block.items():
+                module.data.setdefault(data_type, {}).update(named)
+        for block in parsed.get("variable", []):
+            module.variables.update(block)
+        for block in parsed.get("locals", []):
+            module.locals.update(block)
+    return module
+
+
+def _blocks(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """Nested blocks ``name`` of a body, static or ``dynamic`` (their ``content``)."""
+    found = list(body.get(name, []))
+    for dynamic in body.get("dynamic", []):
+        if name in dynamic:
+            found.extend(dynamic[name].get("content", []))
+    return found
+
+
+def _dynamic(body: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for dynamic in body.get("dynamic", []):
+        if name in dynamic:
+            block: dict[str, Any] = dynamic[name]
+            return block
+    return None
+
+
+def _one(body: dict[str, Any], name: str) -> dict[str, Any]:
+    blocks = _blocks(body, name)
+    return blocks[0] if blocks else {}
+
+
+# ---- AWS ------------------------------------------------------------------------------------
+
+
+def check_aws_spot_fleet(module: TerraformModule) -> list[str]:
+    """Workers are spot, capacity-optimized over several instance types, capacity rebalance on."""
+    violations: list[str] = []
+    groups = {
+        name: body
+        for name, body in module.of_type("aws_autoscaling_group").items()
+        if _blocks(body, "mixed_instances_policy")
+    }
+    if not groups:
+        return ["no Auto Scaling group with a mixed instances policy"]
+    for name, body in groups.items():
+        policy = _one(body, "mixed_instances_policy")
+        distribution = _one(policy, "instances_distribution")
+        if module.resolve(body.get("capacity_rebalance")) is not True:
+            violations.append(f"aws_autoscaling_group.{name}: capacity rebalance is not on")
+        strategy = module.resolve(distribution.get("spot_allocation_strategy"))
+        if strategy != "capacity-optimized":
+            violations.append(f"aws_autoscaling_group.{name}: spot allocation is {strategy!r}")
+        above_base = module.resolve(distribution.get("on_demand_percentage_above_base_capacity"))
+        if above_base != 0:
+            violations.append(
+                f"aws_autoscaling_group.{name}: {above_base}% on demand above the base, not spot"
+            )
+        instance_types = _override_instance_types(module, _one(policy, "launch_template"))
+        if len(set(instance_types)) < 2:
+            violations.append(
+                f"aws_autoscaling_group.{name}: {len(set(instance_types))} instance type(s); "
+                "spot needs several pools"
+            )
+    return violations
+
+
+def _override_instance_types(module: TerraformModule, launch_template: dict[str, Any]) -> list[str]:
+    types = [
+        block["instance_type"]
+        for block in launch_template.get("override", [])
+        if "instance_type" in block
+    ]
+    dynamic = _dynamic(launch_template, "override")
+    if dynamic is not None:
+        resolved = module.resolve(dynamic.get("for_each"))
+        if isinstance(resolved, list):
+            types.extend(str(item) for item in resolved)
+    return types
+
+
+def check_aws_imdsv2(module: TerraformModule) -> list[str]:
+    """Every launch template requires IMDSv2 session tokens (and keeps the endpoint on)."""
+    violations = []
+    for name, body in module.of_type("aws_launch_template").items():
+        options = _one(body, "metadata_options")
+        if module.resolve(options.get("http_tokens")) != "required":
+            violations.append(f"aws_launch_template.{name}: IMDSv2 is not required")
+        if module.resolve(options.get("http_endpoint", "enabled")) != "enabled":
+            violations.append(
+                f"aws_launch_template.{name}: metadata endpoint off (the daemon needs it)"
+            )
+    return violations
+
+
+def check_aws_redis_tls_auth(module: TerraformModule) -> list[str]:
+    """ElastiCache encrypts in transit and at rest and requires an AUTH token."""
+    groups = module.of_type("aws_elasticache_replication_group")
+    if not groups:
+        return ["no ElastiCache replication group"]
+    violations = []
+    for name, body in groups.items():
+        if module.resolve(body.get("transit_encryption_enabled")) is not True:
+            violations.append(f"aws_elasticache_replication_group.{name}: no TLS in transit")
+        if not body.get("auth_token"):
+            violations.append(f"aws_elasticache_replication_group.{name}: no AUTH token")
+        if module.resolve(body.get("at_rest_encryption_enabled")) is not True:
+            violations.append(f"aws_elasticache_replication_group.{name}: not encrypted at rest")
+    return violations
+
+
+def check_aws_fis_spot_drill(module: TerraformModule, fleet_tag_key: str) -> list[str]:
+    """An FIS template sends spot interruptions to spot instances tagged with the fleet."""
+    for name, body in module.of_type("aws_fis_experiment_template").items():
+        actions = [
+            action
+            for action in body.get("action", [])
+            if action.get("action_id") == "aws:ec2:send-spot-instance-interruptions"
+        ]
+        targets = [
+            target
+            for target in body.get("target", [])
+            if target.get("resource_type") == "aws:ec2:spot-instance"
+            and any(
+                module.locals.get("fleet_tag_key") == fleet_tag_key
+                and tag.get("key") == "${local.fleet_tag_key}"
+                for tag in target.get("resource_tag", [])
+            )
+        ]
+        if actions and targets:
+            return []
+        return [f"aws_fis_experiment_template.{name}: no spot interruption of tagged workers"]
+    return ["no FIS experiment template"]
+
+
+# ---- GCP ------------------------------------------------------------------------------------
+
+
+def check_gcp_spot_template(module: TerraformModule, minimum_notice_seconds: int) -> list[str]:
+    """Workers' template: SPOT, a termination action, and the longer preemption notice."""
+    templates = module.of_type("google_compute_instance_template")
+    if not templates:
+        return ["no instance template"]
+    violations = []
+    for name, body in templates.items():
+        where = f"google_compute_instance_template.{name}"
+        scheduling = _one(body, "scheduling")
+        if module.resolve(scheduling.get("provisioning_model")) != "SPOT":
+            violations.append(f"{where}: provisioning model is not SPOT")
+        if module.resolve(scheduling.get("instance_termination_action")) not in ("DELETE", "STOP"):
+            violations.append(f"{where}: no instance termination action")
+        if module.resolve(scheduling.get("automatic_restart")) is not False:
+            violations.append(f"{where}: automatic restart must be off for SPOT")
+        notice_seconds = _notice_seconds(module, scheduling)
+        if notice_seconds is None or notice_seconds < minimum_notice_seconds:
+            violations.append(f"{where}: preemption notice {notice_seconds} s, not the longer one")
+        # scheduling.preemption_notice_duration exists only in the google-beta provider.
+        if body.get("provider") != "google-beta" and notice_seconds is not None:
+            violations.append(f"{where}: the preemption notice needs provider google-beta")
+        for interface in body.get("network_interface", []):
+            if _blocks(interface, "access_config"):
+                violations.append(f"{where}: workers get a public IP")
+    return violations
+
+
+def _notice_seconds(module: TerraformModule, scheduling: dict[str, Any]) -> int | None:
+    static = scheduling.get("preemption_notice_duration", [])
+    if static:
+        seconds = module.resolve(static[0].get("seconds"))
+        return seconds if isinstance(seconds, int) else None
+    dynamic = _dynamic(scheduling, "preemption_notice_duration")
+    if dynamic is None:
+        return None
+    # `for_each = var.x > 0 ? [var.x] : []`: the block exists when x's default is positive.
+    match = re.search(r"var\.([A-Za-z0-9_]+)", str(dynamic.get("for_each", "")))
+    if not match or match.group(1) not in module.variables:
+        return None
+    default = module.variables[match.group(1)].get("default")
+    return default if isinstance(default, int) and default > 0 else None
+
+
+def check_gcp_redis_tls_auth(module: TerraformModule) -> list[str]:
+    """Memorystore requires AUTH and TLS (server authentication)."""
+    instances = module.of_type("google_redis_instance")
+    if not instances:
+        return ["no Memorystore instance"]
+    violations = []
+    for name, body in instances.items():
+        if module.resolve(body.get("auth_enabled")) is not True:
+            violations.append(f"google_redis_instance.{name}: AUTH is off")
+        if module.resolve(body.get("transit_encryption_mode")) != "SERVER_AUTHENTICATION":
+            violations.append(f"google_redis_instance.{name}: no TLS in transit")
+    return violations
+
+
+# ---- both -----------------------------------------------------------------------------------
+
+
+def _sources(module: TerraformModule, value: Any) -> list[str]:
+    resolved = module.resolve(value)
+    if isinstance(resolved, str):
+        return [resolved]
+    if isinstance(resolved, list):
+        return [str(item) for item in resolved]
+    return []
+
+
+def check_no_open_ingress(module: TerraformModule) -> list[str]:
+    """No ingress rule anywhere admits 0.0.0.0/0 or ::/0 (so no worker, daemon or
+    coordinator gRPC port is open to the internet)."""
+    found: list[tuple[str, list[str]]] = []
+    for name, body in module.of_type("aws_security_group").items():
+        for rule in _blocks(body, "ingress"):
+            cidrs = _sources(module, rule.get("cidr_blocks"))
+            cidrs += _sources(module, rule.get("ipv6_cidr_blocks"))
+            found.append((f"aws_security_group.{name}", cidrs))
+    for name, body in module.of_type("aws_vpc_security_group_ingress_rule").items():
+        cidrs = _sources(module, body.get("cidr_ipv4")) + _sources(module, body.get("cidr_ipv6"))
+        found.append((f"aws_vpc_security_group_ingress_rule.{name}", cidrs))
+    for name, body in module.of_type("aws_security_group_rule").items():
+        if module.resolve(body.get("type")) == "ingress":
+            cidrs = _sources(module, body.get("cidr_blocks"))
+            cidrs += _sources(module, body.get("ipv6_cidr_blocks"))
+            found.append((f"aws_security_group_rule.{name}", cidrs))
+    for name, body in module.of_type("google_compute_firewall").items():
+        if module.resolve(body.get("direction", "INGRESS")) == "INGRESS":
+            found.append(
+                (f"google_compute_firewall.{name}", _sources(module, body.get("source_ranges")))
+            )
+    return [
+        f"{where}: ingress from {cidr}"
+        for where, cidrs in found
+        for cidr in cidrs
+        if cidr in OPEN_CIDRS
+    ]
+
+
+def check_client_ranges_guarded(module: TerraformModule, variable_names: list[str]) -> list[str]:
+    """Variables that feed ingress rules refuse 0.0.0.0/0 and ::/0 in their validation."""
+    violations = []
+    for name in variable_names:
+        variable = module.variables.get(name)
+        if variable is None:
+            violations.append(f"variable {name} is missing")
+            continue
+        conditions = " ".join(
+            str(rule.get("condition", "")) for rule in variable.get("validation", [])
+        )
+        if not all(cidr in conditions for cidr in OPEN_CIDRS):
+            violations.append(f"variable {name} does not refuse {' and '.join(OPEN_CIDRS)}")
+        if any(cidr in OPEN_CIDRS for cidr in variable.get("default") or []):
+            violations.append(f"variable {name} defaults to an open range")
+    return violations

@@ -1,0 +1,188 @@
+"""`spotinfer fleet ...` end to end: argparse, config, adapter, cloud endpoint, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from spotinfer.commands import fleet as fleet_command
+from spotinfer.errors import UserError
+
+pytest.importorskip("boto3", reason="boto3 is not installed")
+pytest.importorskip("moto.server", reason="moto[server] is not installed")
+
+from tests.infra.aws_fleet_setup import REGION, AwsClients, create_fleet, group_instance_ids
+from tests.infra.conftest import REPO_ROOT
+from tests.infra.fake_compute import FakeCompute, FakeInstance
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="spotinfer")
+    fleet_command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["fleet", *argv])
+    return int(args.func(args))
+
+
+def aws_flags(endpoint: str) -> list[str]:
+    return [
+        "--cloud",
+        "aws",
+        "--fleet-name",
+        "demo",
+        "--region",
+        REGION,
+        "--endpoint-url",
+        endpoint,
+    ]
+
+
+def gcp_flags(compute: FakeCompute) -> list[str]:
+    return [
+        "--cloud",
+        "gcp",
+        "--fleet-name",
+        "demo",
+        "--region",
+        "us-central1",
+        "--project",
+        "spot-project",
+        "--endpoint-url",
+        compute.url,
+    ]
+
+
+def test_aws_list_scale_replace_drill(
+    aws_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clients = AwsClients.at(aws_endpoint)
+    moto_fleet = create_fleet(clients, "demo", desired=2)
+
+    assert run(["list", *aws_flags(aws_endpoint), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {row["instance_id"] for row in listed} == group_instance_ids(
+        clients, moto_fleet.group_name
+    )
+
+    assert run(["scale", *aws_flags(aws_endpoint), "--workers", "3"]) == 0
+    assert "3 workers" in capsys.readouterr().out
+    assert len(group_instance_ids(clients, moto_fleet.group_name)) == 3
+
+    victim = listed[0]["instance_id"]
+    assert run(["replace", *aws_flags(aws_endpoint), victim, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"replaced": [victim]}
+    assert victim not in group_instance_ids(clients, moto_fleet.group_name)
+
+    assert run(["drill", *aws_flags(aws_endpoint), "--json"]) == 0
+    drill = json.loads(capsys.readouterr().out)[0]
+    assert drill["cloud"] == "aws" and drill["state"] == "pending"
+    assert run(["drill-status", *aws_flags(aws_endpoint), drill["drill_id"]]) == 0
+    assert drill["drill_id"] in capsys.readouterr().out
+
+
+def test_aws_notices_print_json_lines(
+    aws_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clients = AwsClients.at(aws_endpoint)
+    moto_fleet = create_fleet(clients, "demo", desired=1)
+    (instance_id,) = group_instance_ids(clients, moto_fleet.group_name)
+    event = {
+        "source": "aws.ec2",
+        "detail-type": "EC2 Spot Instance Interruption Warning",
+        "time": "2026-11-30T12:00:00Z",
+        "region": REGION,
+        "detail": {"instance-id": instance_id, "instance-action": "terminate"},
+    }
+    clients.sqs.send_message(QueueUrl=moto_fleet.queue_url, MessageBody=json.dumps(event))
+
+    assert run(["notices", *aws_flags(aws_endpoint), "--wait-seconds", "1"]) == 0
+
+    (line,) = capsys.readouterr().out.splitlines()
+    notice = json.loads(line)
+    assert notice["instance_id"] == instance_id
+    assert notice["action"] == "terminate"
+    assert notice["deadline_unix"] - notice["event_time_unix"] == 120
+
+
+def test_gcp_list_and_drill(fake_compute: FakeCompute, capsys: pytest.CaptureFixture[str]) -> None:
+    labels = {"spotinfer-fleet": "demo", "spotinfer-role": "worker"}
+    fake_compute.add(FakeInstance("demo-worker-a", "us-central1-a", labels=labels))
+
+    assert run(["list", *gcp_flags(fake_compute)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["INSTANCE_ID", "ZONE", "STATE"]
+    assert table[1].split()[:3] == ["demo-worker-a", "us-central1-a", "running"]
+
+    assert run(["drill", *gcp_flags(fake_compute), "--wait-seconds", "1", "--json"]) == 0
+    drill = json.loads(capsys.readouterr().out)[0]
+    assert drill["state"] == "completed"  # the wait polled the operation to its end
+    assert drill["targets"] == "demo-worker-a"
+    assert fake_compute.instances["demo-worker-a"].status == "TERMINATED"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["list", "--cloud", "gcp", "--fleet-name", "demo", "--region", "us-central1"],
+            "--project",
+        ),
+        (["list", "--cloud", "aws", "--fleet-name", "Bad!", "--region", "us-east-1"], "fleet_name"),
+        (
+            [
+                "scale",
+                "--cloud",
+                "aws",
+                "--fleet-name",
+                "demo",
+                "--region",
+                "us-east-1",
+                "--workers",
+                "x",
+            ],
+            "--workers",
+        ),
+        (["replace", "--cloud", "aws", "--fleet-name", "demo", "--region", "us-east-1"], "--lost"),
+        (
+            [
+                "notices",
+                "--cloud",
+                "gcp",
+                "--fleet-name",
+                "demo",
+                "--region",
+                "us-central1",
+                "--project",
+                "spot-project",
+                "--endpoint-url",
+                "http://127.0.0.1:9",
+            ],
+            "metadata server",
+        ),
+    ],
+)
+def test_bad_input_is_one_user_error(argv: list[str], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        run(argv)
+
+
+def test_a_fleet_that_does_not_exist_is_a_user_error(aws_endpoint: str) -> None:
+    with pytest.raises(UserError, match="Auto Scaling"):
+        run(["scale", *aws_flags(aws_endpoint), "--workers", "2"])
+
+
+def test_registering_the_command_imports_no_cloud_sdk() -> None:
+    code = (
+        "import argparse, sys\n"
+        "from spotinfer.commands import fleet\n"
+        "fleet.register(argparse.ArgumentParser().add_subparsers())\n"
+        "heavy = [m for m in sys.modules if m.startswith(('boto3', 'botocore', 'google'))]\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,290 @@
+"""The Terraform, checked offline: formatting, and the properties a spot fleet depends on.
+
+Every property check also runs on a mutated copy of the module, where it must fail: a check
+that cannot fail protects nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from spotinfer.fleet import constants
+
+pytest.importorskip("hcl2", reason="python-hcl2 is not installed")
+
+from tests.infra import hcl_properties as hcl
+from tests.infra.conftest import TERRAFORM_DIR
+
+AWS_DIR = TERRAFORM_DIR / "aws"
+GCP_DIR = TERRAFORM_DIR / "gcp"
+LONG_NOTICE_SECONDS = 60  # anything above GCE's default 30 s counts as "the longer notice"
+
+AWS_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
+    "spot fleet": hcl.check_aws_spot_fleet,
+    "imdsv2": hcl.check_aws_imdsv2,
+    "redis tls auth": hcl.check_aws_redis_tls_auth,
+    "no open ingress": hcl.check_no_open_ingress,
+    "client ranges guarded": lambda module: hcl.check_client_ranges_guarded(
+        module, ["client_cidrs"]
+    ),
+    "fis spot drill": lambda module: hcl.check_aws_fis_spot_drill(module, constants.FLEET_TAG_KEY),
+}
+
+GCP_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
+    "spot template": lambda module: hcl.check_gcp_spot_template(module, LONG_NOTICE_SECONDS),
+    "redis tls auth": hcl.check_gcp_redis_tls_auth,
+    "no open ingress": hcl.check_no_open_ingress,
+    "client ranges guarded": lambda module: hcl.check_client_ranges_guarded(
+        module, ["client_source_ranges", "internal_client_ranges"]
+    ),
+}
+
+
+def test_terraform_fmt_is_clean() -> None:
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("terraform is not installed (needed for `terraform fmt -check`)")
+    result = subprocess.run(
+        [terraform, "fmt", "-check", "-recursive", "-list=true", str(TERRAFORM_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"files need `terraform fmt`:\n{result.stdout}"
+
+
+@pytest.mark.parametrize("name", sorted(AWS_CHECKS))
+def test_aws_module_keeps_property(name: str) -> None:
+    assert AWS_CHECKS[name](hcl.load_module(AWS_DIR)) == []
+
+
+@pytest.mark.parametrize("name", sorted(GCP_CHECKS))
+def test_gcp_module_keeps_property(name: str) -> None:
+    assert GCP_CHECKS[name](hcl.load_module(GCP_DIR)) == []
+
+
+def test_examples_wire_the_modules() -> None:
+    for example_dir in (AWS_DIR / "examples", GCP_DIR / "examples"):
+        text = "\n".join(path.read_text() for path in example_dir.glob("*.tf"))
+        assert re.search(r'module\s+"spotinfer"\s*\{\s*source\s*=\s*"\.\./"', text), example_dir
+
+
+def test_tag_and_label_keys_match_the_adapters() -> None:
+    aws, gcp = hcl.load_module(AWS_DIR), hcl.load_module(GCP_DIR)
+    assert aws.locals["fleet_tag_key"] == constants.FLEET_TAG_KEY
+    assert aws.locals["role_tag_key"] == constants.ROLE_TAG_KEY
+    assert gcp.locals["fleet_label_key"] == constants.FLEET_LABEL_KEY
+    assert gcp.locals["role_label_key"] == constants.ROLE_LABEL_KEY
+
+
+def test_notice_rule_and_queue_match_the_adapter() -> None:
+    aws = hcl.load_module(AWS_DIR)
+    pattern = aws.of_type("aws_cloudwatch_event_rule")["spot_notices"]["event_pattern"]
+    assert constants.AWS_EVENT_SOURCE in pattern
+    assert constants.AWS_INTERRUPTION_DETAIL_TYPE in pattern
+    assert constants.AWS_REBALANCE_DETAIL_TYPE in pattern
+    queue_name = aws.of_type("aws_sqs_queue")["notices"]["name"]
+    assert queue_name == "${var.name}" + constants.AWS_NOTICE_QUEUE_SUFFIX
+    group_name = hcl.load_module(GCP_DIR).of_type("google_compute_region_instance_group_manager")[
+        "worker"
+    ]["name"]
+    assert group_name == "${var.name}" + constants.GCP_GROUP_SUFFIX
+
+
+# ---- mutations: each breaks one property in a copy; its check must notice ------------------
+
+# (module, file, text to replace, replacement, check that must fail, words of the violation)
+MUTATIONS = [
+    (
+        "aws",
+        "workers.tf",
+        "capacity_rebalance = true",
+        "capacity_rebalance = false",
+        "spot fleet",
+        "capacity rebalance",
+    ),
+    (
+        "aws",
+        "workers.tf",
+        'spot_allocation_strategy = "capacity-optimized"',
+        'spot_allocation_strategy = "lowest-price"',
+        "spot fleet",
+        "lowest-price",
+    ),
+    (
+        "aws",
+        "workers.tf",
+        "on_demand_percentage_above_base_capacity = 0",
+        "on_demand_percentage_above_base_capacity = 100",
+        "spot fleet",
+        "on demand",
+    ),
+    (
+        "aws",
+        "variables.tf",
+        '["g6.xlarge", "g5.xlarge", "g6.2xlarge", "g5.2xlarge", "g6e.xlarge"]',
+        '["g6.xlarge"]',
+        "spot fleet",
+        "instance type",
+    ),
+    (
+        "aws",
+        "workers.tf",
+        'http_tokens                 = "required"',
+        'http_tokens                 = "optional"',
+        "imdsv2",
+        "IMDSv2",
+    ),
+    (
+        "aws",
+        "coordinator.tf",
+        'http_tokens                 = "required"',
+        'http_tokens                 = "optional"',
+        "imdsv2",
+        "coordinator",
+    ),
+    (
+        "aws",
+        "redis.tf",
+        "transit_encryption_enabled = true",
+        "transit_encryption_enabled = false",
+        "redis tls auth",
+        "TLS",
+    ),
+    (
+        "aws",
+        "redis.tf",
+        "auth_token                 = random_password.redis_auth.result",
+        "",
+        "redis tls auth",
+        "AUTH",
+    ),
+    (
+        "aws",
+        "security.tf",
+        "cidr_ipv4         = each.value.cidr",
+        'cidr_ipv4         = "0.0.0.0/0"',
+        "no open ingress",
+        "0.0.0.0/0",
+    ),
+    (
+        "aws",
+        "variables.tf",
+        '!contains(["0.0.0.0/0", "::/0"], cidr)',
+        "true",
+        "client ranges guarded",
+        "client_cidrs",
+    ),
+    (
+        "aws",
+        "fis.tf",
+        '"aws:ec2:send-spot-instance-interruptions"',
+        '"aws:ec2:stop-instances"',
+        "fis spot drill",
+        "spot interruption",
+    ),
+    (
+        "gcp",
+        "workers.tf",
+        'provisioning_model = "SPOT"',
+        'provisioning_model = "STANDARD"',
+        "spot template",
+        "SPOT",
+    ),
+    (
+        "gcp",
+        "variables.tf",
+        'default     = "DELETE"',
+        'default     = "NONE"',
+        "spot template",
+        "termination action",
+    ),
+    (
+        "gcp",
+        "variables.tf",
+        "default     = 120",
+        "default     = 0",
+        "spot template",
+        "preemption notice",
+    ),
+    ("gcp", "workers.tf", "provider = google-beta", "", "spot template", "google-beta"),
+    (
+        "gcp",
+        "redis.tf",
+        'transit_encryption_mode = "SERVER_AUTHENTICATION"',
+        'transit_encryption_mode = "DISABLED"',
+        "redis tls auth",
+        "TLS",
+    ),
+    (
+        "gcp",
+        "redis.tf",
+        "auth_enabled            = true",
+        "auth_enabled            = false",
+        "redis tls auth",
+        "AUTH",
+    ),
+    (
+        "gcp",
+        "firewall.tf",
+        'source_ranges = ["35.191.0.0/16", "130.211.0.0/22"]',
+        'source_ranges = ["0.0.0.0/0"]',
+        "no open ingress",
+        "0.0.0.0/0",
+    ),
+]
+
+EXTRA_OPEN_RULE = """
+resource "aws_security_group_rule" "debug" {
+  type              = "ingress"
+  security_group_id = aws_security_group.worker.id
+  from_port         = 50061
+  to_port           = 50061
+  protocol          = "tcp"
+  cidr_blocks       = ["10.0.0.0/8", "0.0.0.0/0"]
+}
+"""
+
+
+def _mutated_copy(
+    tmp_path: Path, cloud: str, file_name: str, old: str, new: str
+) -> hcl.TerraformModule:
+    copy_dir = tmp_path / cloud
+    shutil.copytree(TERRAFORM_DIR / cloud, copy_dir, ignore=shutil.ignore_patterns("examples"))
+    target = copy_dir / file_name
+    text = target.read_text()
+    assert old in text, f"mutation anchor not found in {cloud}/{file_name}: {old!r}"
+    target.write_text(text.replace(old, new, 1))
+    return hcl.load_module(copy_dir)
+
+
+@pytest.mark.parametrize(
+    ("cloud", "file_name", "old", "new", "check", "words"),
+    MUTATIONS,
+    ids=[f"{m[0]}-{m[4]}-{m[5]}" for m in MUTATIONS],
+)
+def test_a_broken_property_is_caught(
+    tmp_path: Path, cloud: str, file_name: str, old: str, new: str, check: str, words: str
+) -> None:
+    module = _mutated_copy(tmp_path, cloud, file_name, old, new)
+    checks = AWS_CHECKS if cloud == "aws" else GCP_CHECKS
+
+    violations = checks[check](module)
+
+    assert any(words in violation for violation in violations), violations
+
+
+def test_an_added_open_rule_is_caught(tmp_path: Path) -> None:
+    copy_dir = tmp_path / "aws"
+    shutil.copytree(AWS_DIR, copy_dir, ignore=shutil.ignore_patterns("examples"))
+    (copy_dir / "debug.tf").write_text(EXTRA_OPEN_RULE)
+
+    violations = hcl.check_no_open_ingress(hcl.load_module(copy_dir))
+
+    assert violations == ["aws_security_group_rule.debug: ingress from 0.0.0.0/0"]
