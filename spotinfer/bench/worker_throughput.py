@@ -46,6 +46,7 @@ PROMPTS = (
 )
 KV_CACHE_BYTES = 1 << 30
 MAX_MODEL_LEN = 2048
+SINGLE_REQUEST_SAMPLES = 20
 
 
 def _engine_kwargs(dtype: str) -> dict[str, Any]:
@@ -153,7 +154,13 @@ def measure(model: str, requests: int, max_tokens: int, rounds: int, dtype: str)
         *("--kv-cache-bytes", str(kwargs["kv_cache_memory_bytes"])),
         *("--max-num-seqs", str(kwargs["max_num_seqs"])),
     )
-    runs: dict[str, list[dict[str, Any]]] = {"offline": [], "async": [], "grpc": []}
+    runs: dict[str, list[dict[str, Any]]] = {
+        "offline": [],
+        "async": [],
+        "grpc": [],
+        "single_async": [],
+        "single_grpc": [],
+    }
     with Progress() as progress:
         task = progress.add_task("loading engines", total=rounds * 3 + 1)
         baseline = BaselineEngine(model, dtype)
@@ -172,6 +179,12 @@ def measure(model: str, requests: int, max_tokens: int, rounds: int, dtype: str)
                     else:
                         runs[mode].append(baseline.run(mode, prompts, max_tokens))
                     progress.update(task, advance=1)
+            # TTFT of a lone request isolates what the gRPC hop adds from batching effects.
+            progress.update(task, description="single-request TTFT")
+            for i in range(SINGLE_REQUEST_SAMPLES):
+                prompt = [prompts[i % len(prompts)]]
+                runs["single_async"].append(baseline.run("async", prompt, 1))
+                runs["single_grpc"].append(run_grpc(worker, prompt, 1))
         finally:
             baseline.close()
             worker.stop()
@@ -194,12 +207,17 @@ def summarize(
         "requests": requests,
         "max_tokens": max_tokens,
         "rounds": len(runs["grpc"]),
-        "tokens_per_second": {mode: tps(mode) for mode in runs},
+        "tokens_per_second": {mode: tps(mode) for mode in ("offline", "async", "grpc")},
         "grpc_vs_offline_ratio": tps("grpc") / tps("offline"),
         "grpc_vs_async_ratio": tps("grpc") / tps("async"),
         "ttft_ms_p50": {"async": ttft("async", 0.5), "grpc": ttft("grpc", 0.5)},
         "ttft_ms_p99": {"async": ttft("async", 0.99), "grpc": ttft("grpc", 0.99)},
         "grpc_added_ttft_ms_p50": ttft("grpc", 0.5) - ttft("async", 0.5),
+        "single_request_ttft_ms_p50": {
+            "async": ttft("single_async", 0.5),
+            "grpc": ttft("single_grpc", 0.5),
+        },
+        "grpc_added_single_ttft_ms_p50": ttft("single_grpc", 0.5) - ttft("single_async", 0.5),
         "runs": runs,
     }
 
@@ -226,7 +244,11 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     console.print(
         f"gRPC / offline = {result['grpc_vs_offline_ratio']:.3f}; "
         f"gRPC / AsyncLLM = {result['grpc_vs_async_ratio']:.3f}; "
-        f"TTFT added by gRPC (p50) = {result['grpc_added_ttft_ms_p50']:.1f} ms"
+        f"TTFT added by gRPC (p50) = {result['grpc_added_ttft_ms_p50']:.1f} ms at "
+        f"{result['requests']} concurrent, "
+        f"{result['grpc_added_single_ttft_ms_p50']:.1f} ms for a lone request "
+        f"({result['single_request_ttft_ms_p50']['grpc']:.1f} vs "
+        f"{result['single_request_ttft_ms_p50']['async']:.1f} ms)"
     )
 
 
