@@ -19,6 +19,7 @@ from worker.constants import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
     DTYPES,
+    KV_PERSIST_POLICIES,
 )
 
 
@@ -75,6 +76,20 @@ class WorkerConfig:
     max_message_bytes: int = field(
         default=DEFAULT_MAX_MESSAGE_BYTES, metadata={"help": "largest gRPC message accepted"}
     )
+    redis_url: str = field(
+        default="",
+        metadata={
+            "help": "Redis (redis://host:port/db) for token commits and KV blocks; "
+            "empty: no persistence, no Resume"
+        },
+    )
+    kv_persist_policy: str = field(
+        default="eager",
+        metadata={
+            "help": f"which KV blocks go to Redis: {KV_PERSIST_POLICIES}; eager: every block "
+            "once it is full, lazy: none until a termination notice, off: none"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -99,6 +114,15 @@ class WorkerConfig:
             raise ValueError("drain_grace_seconds must not be negative")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be at least 1024")
+        if self.kv_persist_policy not in KV_PERSIST_POLICIES:
+            raise ValueError(
+                f"kv_persist_policy must be one of {KV_PERSIST_POLICIES}, "
+                f"got {self.kv_persist_policy!r}"
+            )
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"redis_url must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}"
+            )
 
     @property
     def effective_max_tokens_limit(self) -> int:

@@ -7,11 +7,17 @@ and the numbers the coordinator routes by.
     gRPC Generate ──▶ Engine.generate ──▶ AsyncLLM.generate (DELTA outputs, one per step)
                               │                    │
                               ◀── TokenChunk(index, token_ids, text, finish_reason)
+                              └──▶ TokenCommitter (Redis, off the stream's path)
+
+With a store, every request carries our id to the spot KV connector (which persists its KV
+blocks) and its tokens go to the committer; `resume` continues a request another worker
+started, from the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -19,11 +25,28 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from spotinfer.requests import FinishReason, GenerationRequest, TokenChunk
+from context_daemon.store import RedisStore, RequestRecord, RequestStatus
+from spotinfer.requests import (
+    Event,
+    EventKind,
+    FinishReason,
+    GenerationRequest,
+    TokenChunk,
+)
 from spotinfer.validation import Limits, check_prompt_tokens, check_sampling
 from worker.config import WorkerConfig, engine_environment
+from worker.constants import KV_PARAM_REQUEST_ID, KV_PARAM_RESUME, PERSIST_RETRY_SECONDS
 from worker.engine_stats import EngineSnapshot, EngineStats
-from worker.errors import DuplicateRequest, EngineNotReady, RequestNotFound, WorkerDraining
+from worker.errors import (
+    CannotResume,
+    DuplicateRequest,
+    EngineNotReady,
+    RequestNotFound,
+    WorkerDraining,
+)
+from worker.model_fingerprint import model_fingerprint
+from worker.resume_point import ResumePoint, read_resume_point, sampling_to_record
+from worker.token_committer import TokenCommitter
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +55,13 @@ _FINISH_REASONS = {
     "length": FinishReason.LENGTH,
     "abort": FinishReason.CANCELLED,
     "error": FinishReason.ERROR,
+}
+
+_STORE_STATUS = {
+    FinishReason.STOP: RequestStatus.FINISHED,
+    FinishReason.LENGTH: RequestStatus.FINISHED,
+    FinishReason.CANCELLED: RequestStatus.CANCELLED,
+    FinishReason.ERROR: RequestStatus.FAILED,
 }
 
 
@@ -56,13 +86,20 @@ class WorkerStatus:
     engine: EngineSnapshot
     shape: EngineShape | None
     requests_total: int
+    degraded: bool  # persistence is configured but Redis does not answer
 
 
 class Engine:
-    """Owns one `AsyncLLM`. Not thread-safe: call from the event loop that serves gRPC."""
+    """Owns one `AsyncLLM`. Not thread-safe: call from the event loop that serves gRPC.
 
-    def __init__(self, config: WorkerConfig) -> None:
+    ``store``: where tokens and KV blocks persist (None: nowhere, and no resume).
+    """
+
+    def __init__(self, config: WorkerConfig, store: RedisStore | None = None) -> None:
         self.config = config
+        self._store = store
+        self._committer: TokenCommitter | None = None
+        self._fingerprint = ""
         self._llm: Any = None
         self._shape: EngineShape | None = None
         self._limits: Limits | None = None
@@ -94,6 +131,11 @@ class Engine:
             self._shape.kv_block_tokens,
             self._shape.max_num_seqs,
         )
+        if self._store is not None:
+            self._committer = TokenCommitter(
+                self._store, self.config.worker_id, PERSIST_RETRY_SECONDS
+            )
+            self._committer.start()
 
     def _build(self) -> Any:
         for key, value in engine_environment().items():
@@ -101,6 +143,7 @@ class Engine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        self._fingerprint = model_fingerprint(self.config.model, self.config.dtype)
         kv_cache_bytes, max_num_seqs = self.planned_kv_and_seqs()
         if kv_cache_bytes:
             # vLLM-CPU's legacy variable would override an explicit size.
@@ -118,8 +161,23 @@ class Engine:
             enable_prefix_caching=self.config.enable_prefix_caching,
             seed=self.config.seed,
             disable_log_stats=False,
+            kv_transfer_config=self._kv_transfer_config(),
         )
         return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.logger_factory()])
+
+    def _kv_transfer_config(self) -> Any:
+        """The spot connector, when there is a store to persist to."""
+        if self._store is None:
+            return None
+        from vllm.config import KVTransferConfig
+
+        from worker.spot_connector import connector_config
+
+        return KVTransferConfig(
+            **connector_config(
+                self.config.redis_url, self._fingerprint, self.config.kv_persist_policy
+            )
+        )
 
     def planned_kv_and_seqs(self) -> tuple[int, int]:
         """KV bytes and max_num_seqs: explicit values, or the memory planner's when
@@ -170,6 +228,11 @@ class Engine:
             raise EngineNotReady("the engine is still loading the model")
         return self._limits
 
+    async def close_persistence(self, timeout_seconds: float) -> None:
+        """Send what the committer still holds (bounded by ``timeout_seconds``)."""
+        if self._committer is not None:
+            await self._committer.close(timeout_seconds)
+
     def shutdown(self) -> None:
         if self._llm is not None:
             self._llm.shutdown()
@@ -196,56 +259,167 @@ class Engine:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
         """Streams the output; the caller going away aborts the request in vLLM."""
+        self._check_admission(request.request_id)
+        self.validate(request)
+        kv_params: dict[str, Any] = {}
+        if self._committer is not None:
+            kv_params = {KV_PARAM_REQUEST_ID: request.request_id}
+            self._committer.admit(
+                RequestRecord(
+                    request_id=request.request_id,
+                    model_fingerprint=self._fingerprint,
+                    prompt_token_ids=request.prompt_token_ids,
+                    sampling_params=sampling_to_record(request.sampling),
+                    kv_block_tokens=self.shape.kv_block_tokens,
+                    status=RequestStatus.RUNNING,
+                    owner_worker_id=self.config.worker_id,
+                )
+            )
+        async for chunk, _ in self._stream(request, 0, kv_params):
+            yield chunk
+
+    async def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
+        """Continues a request from the store: first a RECOVERED event (how many prefill
+        tokens were loaded and how many recomputed), then every token from ``from_index`` on
+        (committed ones the client lacks, then new ones, indices continuing). Raises
+        RecordNotFound or CannotResume."""
+        self._check_admission(request_id)
+        if self._store is None or self._committer is None:
+            raise CannotResume("this worker runs without a store (--redis-url); it cannot resume")
+        point = await asyncio.to_thread(
+            read_resume_point, self._store, request_id, self._fingerprint
+        )
+        sampling = dataclasses.replace(point.sampling, max_tokens=point.remaining_tokens)
+        request = GenerationRequest(request_id, point.engine_prompt, sampling)
+        if point.remaining_tokens == 0:
+            # The old worker produced every token but died before it could say so.
+            self._committer.admit(point.record, point.committed_token_ids)
+            self._committer.finish(request_id, RequestStatus.FINISHED)
+            yield self._recovered_chunk(point, from_index, len(point.engine_prompt), 0)
+            yield TokenChunk(
+                request_id,
+                min(from_index, point.next_index),
+                token_ids=point.committed_token_ids[from_index:],
+                finish_reason=FinishReason.LENGTH,
+                worker_id=self.config.worker_id,
+            )
+            return
+        self.validate(request)
+        self._committer.admit(point.record, point.committed_token_ids)
+        kv_params = {KV_PARAM_REQUEST_ID: request_id, KV_PARAM_RESUME: True}
+        first = True
+        async for chunk, cached_tokens in self._stream(request, point.next_index, kv_params):
+            if first:
+                first = False
+                yield self._recovered_chunk(
+                    point, from_index, len(point.engine_prompt), cached_tokens or 0
+                )
+                if from_index < point.next_index:
+                    # Committed, but the client never saw them: the old worker died between
+                    # the commit and the send. Text is left out (not detokenized here).
+                    yield TokenChunk(
+                        request_id,
+                        from_index,
+                        token_ids=point.committed_token_ids[from_index:],
+                        worker_id=self.config.worker_id,
+                    )
+            trimmed = _from_index(chunk, from_index)
+            if trimmed is not None:
+                yield trimmed
+
+    def _recovered_chunk(
+        self, point: ResumePoint, from_index: int, prompt_tokens: int, cached_tokens: int
+    ) -> TokenChunk:
+        # vLLM computes the last prompt token in any case (its output is the next token);
+        # everything else it did not load counts as recomputed.
+        recomputed = max(0, prompt_tokens - cached_tokens - 1) if prompt_tokens else 0
+        detail = (
+            f"resumed at index {point.next_index}: {cached_tokens} of {prompt_tokens} "
+            f"context tokens loaded, {recomputed} recomputed"
+        )
+        log.info("request %s %s", point.record.request_id, detail)
+        return TokenChunk(
+            request_id=point.record.request_id,
+            index=from_index,
+            event=Event(
+                kind=EventKind.RECOVERED,
+                from_worker=point.record.owner_worker_id,
+                to_worker=self.config.worker_id,
+                recomputed_tokens=recomputed,
+                loaded_tokens=cached_tokens,
+                detail=detail,
+            ),
+            worker_id=self.config.worker_id,
+        )
+
+    def _check_admission(self, request_id: str) -> None:
         if self._draining:
             raise WorkerDraining("the worker is draining and admits no new requests")
         if self._llm is None:
             raise EngineNotReady("the engine is still loading the model")
-        self.validate(request)
+        if request_id in self._in_flight:
+            raise DuplicateRequest(f"request {request_id!r} is already running on this worker")
+
+    async def _stream(
+        self, request: GenerationRequest, start_index: int, kv_params: dict[str, Any]
+    ) -> AsyncIterator[tuple[TokenChunk, int | None]]:
+        """Runs one request in vLLM; yields each step's chunk (indices from ``start_index``)
+        with vLLM's count of prompt tokens it did not compute (prefix cache or connector)."""
         request_id = request.request_id
         if request_id in self._in_flight:
             raise DuplicateRequest(f"request {request_id!r} is already running on this worker")
         done = asyncio.Event()
         self._in_flight[request_id] = done
         self._requests_total += 1
-        index = 0
-        finished = False
+        index = start_index
+        finish = FinishReason.CANCELLED  # unless vLLM says otherwise
         try:
             outputs = self._llm.generate(
                 {"prompt_token_ids": list(request.prompt_token_ids)},
-                self._sampling_params(request),
+                self._sampling_params(request, kv_params),
                 request_id=request_id,
             )
             async for output in outputs:
                 completion = output.outputs[0]
-                finish = _FINISH_REASONS.get(completion.finish_reason or "", FinishReason.NONE)
-                if output.finished and finish == FinishReason.NONE:
-                    finish = FinishReason.STOP
+                chunk_finish = _FINISH_REASONS.get(
+                    completion.finish_reason or "", FinishReason.NONE
+                )
+                if output.finished and chunk_finish == FinishReason.NONE:
+                    chunk_finish = FinishReason.STOP
                 chunk = TokenChunk(
                     request_id=request_id,
                     index=index,
                     token_ids=tuple(completion.token_ids),
                     text=completion.text,
-                    finish_reason=finish,
+                    finish_reason=chunk_finish,
                     worker_id=self.config.worker_id,
                 )
                 index += len(chunk.token_ids)
-                finished = chunk.finished
-                yield chunk
-                if finished:
+                if self._committer is not None:
+                    self._committer.add(request_id, chunk.token_ids)
+                if chunk.finished:
+                    finish = chunk_finish
+                yield chunk, output.num_cached_tokens
+                if chunk.finished:
                     break
-            if not finished:
+            if finish == FinishReason.CANCELLED:
                 # vLLM ends an aborted request's stream without a final output.
-                yield TokenChunk(
-                    request_id=request_id,
-                    index=index,
-                    finish_reason=FinishReason.CANCELLED,
-                    worker_id=self.config.worker_id,
+                yield (
+                    TokenChunk(
+                        request_id=request_id,
+                        index=index,
+                        finish_reason=FinishReason.CANCELLED,
+                        worker_id=self.config.worker_id,
+                    ),
+                    None,
                 )
         finally:
+            if self._committer is not None:
+                self._committer.finish(request_id, _STORE_STATUS[finish])
             del self._in_flight[request_id]
             done.set()
 
-    def _sampling_params(self, request: GenerationRequest) -> Any:
+    def _sampling_params(self, request: GenerationRequest, kv_params: dict[str, Any]) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -259,6 +433,8 @@ class Engine:
             stop=list(sampling.stop) or None,
             ignore_eos=sampling.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            # vLLM suffixes its request ids; the connector finds ours here.
+            extra_args={"kv_transfer_params": kv_params} if kv_params else None,
         )
 
     async def abort(self, request_id: str) -> None:
@@ -298,6 +474,7 @@ class Engine:
             engine=self._stats.snapshot(),
             shape=self._shape,
             requests_total=self._requests_total,
+            degraded=self._committer is not None and self._committer.degraded,
         )
 
 
@@ -306,3 +483,19 @@ def _platform_block_tokens() -> int:
     from vllm.platforms import current_platform
 
     return 128 if current_platform.is_cpu() else 16
+
+
+def _from_index(chunk: TokenChunk, from_index: int) -> TokenChunk | None:
+    """The part of ``chunk`` at or after ``from_index`` (the client already has the rest).
+
+    A chunk cut in two loses its text: the text of the kept tokens alone is not known here.
+    """
+    end = chunk.index + len(chunk.token_ids)
+    if chunk.index >= from_index:
+        return chunk
+    if end <= from_index and not chunk.finished:
+        return None
+    keep = chunk.token_ids[max(0, from_index - chunk.index) :]
+    return dataclasses.replace(
+        chunk, index=max(chunk.index, min(from_index, end)), token_ids=keep, text=""
+    )

@@ -3,9 +3,11 @@
 from spotinfer.validation import InvalidRequest
 
 __all__ = [
+    "CannotResume",
     "DuplicateRequest",
     "EngineNotReady",
     "InvalidRequest",
+    "RecordNotFound",
     "RequestNotFound",
     "WorkerDraining",
 ]
@@ -28,3 +30,16 @@ class RequestNotFound(KeyError):
 
 class DuplicateRequest(RuntimeError):
     """A request with that id is already running here; maps to ALREADY_EXISTS."""
+
+
+class RecordNotFound(RequestNotFound):
+    """Resume: the store holds no record for that id (never seen, finished and deleted, or
+    expired); maps to NOT_FOUND."""
+
+    def __str__(self) -> str:
+        return f"no persisted state for request {self.args[0]!r}"
+
+
+class CannotResume(RuntimeError):
+    """Resume is refused for a reason the caller must fix first (the request already ended,
+    another model wrote it, or this worker has no store); maps to FAILED_PRECONDITION."""

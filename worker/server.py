@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from context_daemon.store import RedisStore, StoreUnavailable
 from protos.convert import chunk_to_proto, sampling_from_proto, sla_from_proto
 from protos.spotinfer.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from spotinfer.requests import GenerationRequest
@@ -22,10 +23,17 @@ from spotinfer.validation import check_prompt_choice, check_request_id
 from worker.config import WorkerConfig
 from worker.constants import SERVER_STOP_GRACE_SECONDS
 from worker.engine import Engine
+from worker.errors import CannotResume
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+# Errors only Resume raises, beside the shared table of `spotinfer.rpc.status_for`.
+_RESUME_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (CannotResume, grpc.StatusCode.FAILED_PRECONDITION),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+)
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -65,11 +73,17 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def Resume(  # noqa: N802
         self, request: worker_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "Resume needs the context daemon's store; this worker runs without one",
-        )
-        yield common_pb2.GenerateResponse()  # pragma: no cover - unreachable, makes a generator
+        try:
+            check_request_id(request.request_id)
+            async for chunk in self._engine.resume(request.request_id, request.from_index):
+                yield chunk_to_proto(chunk)
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            for error_type, code in _RESUME_STATUS:
+                if isinstance(exc, error_type):
+                    await context.abort(code, str(exc))
+            await abort_with(context, exc)
 
     async def Abort(  # noqa: N802
         self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
@@ -103,6 +117,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             generated_tokens_total=status.engine.generated_tokens_total,
             requests_total=status.requests_total,
             model=self._engine.config.model,
+            degraded=status.degraded,
         )
         if status.shape is not None:
             used = round(status.engine.kv_cache_usage * status.shape.kv_blocks_total)
@@ -122,7 +137,8 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    engine = Engine(config)
+    store = RedisStore.from_url(config.redis_url) if config.redis_url else None
+    engine = Engine(config, store)
     server = grpc.aio.server(options=server_options(config.max_message_bytes))
     health = add_health_and_reflection(server, [SERVICE_NAME])
 
@@ -155,5 +171,8 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
         aborted = await engine.drain(config.drain_grace_seconds)
         log.info("drained; %d request(s) cut at the grace limit", aborted)
     await server.stop(SERVER_STOP_GRACE_SECONDS)
+    await engine.close_persistence(SERVER_STOP_GRACE_SECONDS)
     engine.shutdown()
+    if store is not None:
+        store.close()
     return 0

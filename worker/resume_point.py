@@ -1,0 +1,75 @@
+"""Where a request stands in the store, and what a worker submits to continue it.
+
+record (prompt, sampling, fingerprint) + committed tokens [0, n)
+    ──▶ engine prompt = prompt + committed, max_tokens = max_tokens - n,
+        output indices continue at n
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from context_daemon.store import RedisStore, RequestRecord
+from context_daemon.store import RequestNotFound as StoreRequestNotFound
+from spotinfer.requests import Sampling
+from worker.errors import CannotResume, RecordNotFound
+
+
+def sampling_to_record(sampling: Sampling) -> dict[str, Any]:
+    """Sampling as the JSON mapping the request record keeps."""
+    values = dataclasses.asdict(sampling)
+    values["stop"] = list(sampling.stop)
+    return values
+
+
+def sampling_from_record(values: Mapping[str, Any]) -> Sampling:
+    known = {f.name for f in dataclasses.fields(Sampling)}
+    kwargs = {name: value for name, value in values.items() if name in known}
+    kwargs["stop"] = tuple(kwargs.get("stop", ()))
+    return Sampling(**kwargs)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A live request as the store holds it."""
+
+    record: RequestRecord
+    committed_token_ids: tuple[int, ...]
+
+    @property
+    def sampling(self) -> Sampling:
+        return sampling_from_record(self.record.sampling_params)
+
+    @property
+    def engine_prompt(self) -> tuple[int, ...]:
+        """What the resuming engine prefills: the prompt and every committed token."""
+        return self.record.prompt_token_ids + self.committed_token_ids
+
+    @property
+    def next_index(self) -> int:
+        return len(self.committed_token_ids)
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(0, self.sampling.max_tokens - self.next_index)
+
+
+def read_resume_point(store: RedisStore, request_id: str, model_fingerprint: str) -> ResumePoint:
+    """Read record and tokens (blocking: call on a thread). Raises RecordNotFound, CannotResume,
+    or the store's StoreUnavailable."""
+    try:
+        record = store.get_request(request_id)
+        committed = store.committed_tokens(request_id)
+    except StoreRequestNotFound as exc:
+        raise RecordNotFound(request_id) from exc
+    if record.status.is_terminal:
+        raise CannotResume(f"request {request_id!r} already ended ({record.status.value})")
+    if record.model_fingerprint != model_fingerprint:
+        raise CannotResume(
+            f"request {request_id!r} was written by another model "
+            f"({record.model_fingerprint}, this worker runs {model_fingerprint})"
+        )
+    return ResumePoint(record=record, committed_token_ids=tuple(committed))

@@ -1,0 +1,261 @@
+"""Token commits: every generated token of every running request goes to Redis, batched, off
+the stream's path.
+
+    Engine stream ──add()──▶ pending tokens per request ──(one loop turn later)──▶ thread:
+                                                           create records, commit_step (one
+                                                           pipelined round trip), finishes
+
+A stream never waits on Redis: `admit`, `add` and `finish` only touch memory and wake the
+flusher. The flusher lets the current event-loop turn finish first, so the chunks that vLLM
+delivered for one engine step (one per request) go out in one `commit_step`. If Redis is
+unavailable the committer turns degraded, logs once, keeps every token in memory and tries
+again from the last index Redis confirmed; a Redis that came back empty (a restart) gets the
+record created again and the tokens from index 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from context_daemon.store import (
+    ConflictReason,
+    InvalidTransition,
+    RedisStore,
+    RequestExists,
+    RequestNotFound,
+    RequestRecord,
+    RequestStatus,
+    StoreError,
+    StoreUnavailable,
+    TokenCommit,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """What the committer knows of one request (owned by the event loop)."""
+
+    record: RequestRecord
+    token_ids: list[int]
+    committed_length: int  # tokens Redis confirmed
+    resumed: bool  # the record exists already (another worker created it)
+    in_store: bool = False  # the record exists in Redis with this worker as its owner
+    finish_status: RequestStatus | None = None
+
+
+@dataclass
+class _Round:
+    """One flush: planned on the loop, run on a thread, applied back on the loop."""
+
+    claims: list[tuple[RequestRecord, bool]] = field(default_factory=list)
+    commits: list[TokenCommit] = field(default_factory=list)
+    finishes: list[tuple[str, RequestStatus]] = field(default_factory=list)
+    # what completed (a StoreUnavailable can stop the round midway)
+    claimed: list[str] = field(default_factory=list)
+    outcomes: dict[str, tuple[int, ConflictReason | None]] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)
+
+
+class TokenCommitter:
+    """Create with a store and this worker's id; `start()` on the serving loop, `close()` at exit."""
+
+    def __init__(self, store: RedisStore, worker_id: str, retry_seconds: float) -> None:
+        self._store = store
+        self._worker_id = worker_id
+        self._retry_seconds = retry_seconds
+        self._pending: dict[str, _Pending] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._degraded = False
+        self._closing = False
+        self._commit_calls = 0
+
+    @property
+    def degraded(self) -> bool:
+        """True while the last attempt to reach Redis failed."""
+        return self._degraded
+
+    @property
+    def commit_calls(self) -> int:
+        """`commit_step` round trips so far (one per flush, however many requests it holds)."""
+        return self._commit_calls
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="token-committer")
+
+    async def close(self, timeout_seconds: float) -> None:
+        """One last flush (bounded by ``timeout_seconds``), then stop."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout_seconds)
+            except TimeoutError:
+                log.warning("token committer stopped with unsaved tokens")
+
+    # -- called by the engine's streams (memory only) -------------------------------------
+
+    def admit(self, record: RequestRecord, committed: Sequence[int] = ()) -> None:
+        """Start persisting a request. With ``committed`` tokens it is a resumed one: Redis
+        holds its record and those tokens already, and ownership moves to this worker."""
+        self._pending[record.request_id] = _Pending(
+            record=record,
+            token_ids=list(committed),
+            committed_length=len(committed),
+            resumed=bool(committed),
+        )
+        self._wake.set()
+
+    def add(self, request_id: str, token_ids: Sequence[int]) -> None:
+        pending = self._pending.get(request_id)
+        if pending is not None and token_ids:
+            pending.token_ids.extend(token_ids)
+            self._wake.set()
+
+    def finish(self, request_id: str, status: RequestStatus) -> None:
+        pending = self._pending.get(request_id)
+        if pending is not None:
+            pending.finish_status = status
+            self._wake.set()
+
+    # -- the flusher ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            if self._closing and not self._plan_needed():
+                return
+            await self._wake.wait()
+            self._wake.clear()
+            # Let the rest of this loop turn run: the other streams' chunks of the same
+            # engine step arrive in it and join this round trip.
+            await asyncio.sleep(0)
+            work = self._plan()
+            if work is None:
+                if self._closing:
+                    return
+                continue
+            failed = True
+            try:
+                await asyncio.to_thread(self._execute, work)
+                failed = False
+                self._set_degraded(False, None)
+            except StoreUnavailable as exc:
+                self._set_degraded(True, exc)
+            except StoreError as exc:
+                log.error("token commit failed: %s", exc)
+            self._apply(work)
+            if failed:
+                if self._closing:
+                    return
+                await asyncio.sleep(self._retry_seconds)
+                self._wake.set()
+            elif self._plan_needed():
+                self._wake.set()
+
+    def _set_degraded(self, degraded: bool, exc: Exception | None) -> None:
+        if degraded and not self._degraded:
+            log.warning("Redis unavailable, serving without persistence: %s", exc)
+        elif not degraded and self._degraded:
+            log.warning("Redis is back: token commits resumed")
+        self._degraded = degraded
+
+    def _plan_needed(self) -> bool:
+        return any(
+            not p.in_store or p.committed_length < len(p.token_ids) or p.finish_status is not None
+            for p in self._pending.values()
+        )
+
+    def _plan(self) -> _Round | None:
+        work = _Round()
+        for request_id, pending in self._pending.items():
+            if not pending.in_store:
+                work.claims.append((pending.record, pending.resumed))
+            if len(pending.token_ids) > pending.committed_length:
+                work.commits.append(
+                    TokenCommit(
+                        request_id,
+                        pending.committed_length,
+                        tuple(pending.token_ids[pending.committed_length :]),
+                    )
+                )
+            elif pending.finish_status is not None and pending.in_store:
+                work.finishes.append((request_id, pending.finish_status))
+        if not (work.claims or work.commits or work.finishes):
+            return None
+        return work
+
+    def _execute(self, work: _Round) -> None:
+        """The I/O of one round, on a thread: claims first, so the commits find their record."""
+        for record, resumed in work.claims:
+            self._claim(record, resumed)
+            work.claimed.append(record.request_id)
+        if work.commits:
+            self._commit_calls += 1
+            for outcome in self._store.commit_step(work.commits):
+                reason = outcome.conflict.reason if outcome.conflict is not None else None
+                work.outcomes[outcome.request_id] = (outcome.committed_length, reason)
+        for request_id, status in work.finishes:
+            self._store.finish_request(request_id, status)
+            work.finished.append(request_id)
+
+    def _claim(self, record: RequestRecord, resumed: bool) -> None:
+        """Make the record exist, owned by this worker."""
+        if resumed:
+            try:
+                self._store.update_status(record.request_id, RequestStatus.RUNNING, self._worker_id)
+                return
+            except RequestNotFound:
+                pass  # Redis lost it: create it again (the commit from 0 follows)
+        try:
+            self._store.create_request(record)
+        except RequestExists:
+            try:
+                self._store.update_status(record.request_id, RequestStatus.RUNNING, self._worker_id)
+            except InvalidTransition:
+                log.warning("request %s already ended in the store", record.request_id)
+
+    def _apply(self, work: _Round) -> None:
+        for request_id in work.claimed:
+            pending = self._pending.get(request_id)
+            if pending is not None:
+                pending.in_store = True
+        for request_id, (length, reason) in work.outcomes.items():
+            pending = self._pending.get(request_id)
+            if pending is None:
+                continue
+            if reason is None or reason is ConflictReason.GAP:
+                # GAP: Redis holds fewer tokens than believed; continue from its length.
+                pending.committed_length = min(length, len(pending.token_ids))
+            elif reason is ConflictReason.UNKNOWN_REQUEST:
+                # The record vanished (Redis restarted empty): create it, commit from 0.
+                pending.in_store = False
+                pending.resumed = False
+                pending.committed_length = 0
+                pending.record = _fresh(pending.record, self._worker_id)
+            else:
+                log.error(
+                    "request %s: commits refused (%s); it is no longer persisted",
+                    request_id,
+                    reason.value,
+                )
+                del self._pending[request_id]
+        for request_id in work.finished:
+            self._pending.pop(request_id, None)
+
+
+def _fresh(record: RequestRecord, worker_id: str) -> RequestRecord:
+    """The record as first created: nothing committed yet, running here."""
+    return RequestRecord(
+        request_id=record.request_id,
+        model_fingerprint=record.model_fingerprint,
+        prompt_token_ids=record.prompt_token_ids,
+        sampling_params=record.sampling_params,
+        kv_block_tokens=record.kv_block_tokens,
+        status=RequestStatus.RUNNING,
+        owner_worker_id=worker_id,
+    )
