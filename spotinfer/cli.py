@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.worker",
     "spotinfer.commands.demo",
     "spotinfer.commands.fleet",
+    "spotinfer.commands.tune",
 )
 
 

@@ -1,0 +1,310 @@
+"""Load generator: timed arrivals of streaming requests, with every token's arrival time kept.
+
+Works against anything that serves `Generate(GenerateRequest) -> stream GenerateResponse`:
+the coordinator's `Inference` service or a worker's `Worker` service.
+
+    arrivals (Poisson / bursty / uniform)      per request
+    ──┬────┬─┬──────┬───▶ time                 sent_at ─ first token ─ token ─ ... ─ last
+      r0   r1 r2    r3                                  TTFT      TPOT (mean gap)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos.spotinfer.v1 import common_pb2, inference_pb2_grpc, worker_pb2_grpc
+
+
+class Arrival(str, enum.Enum):
+    POISSON = "poisson"  # exponential gaps at the mean rate
+    BURSTY = "bursty"  # groups of `burst_size` at once, groups at the mean rate / burst_size
+    UNIFORM = "uniform"  # evenly spaced
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    num_requests: int
+    rate_per_second: float  # mean arrivals per second; 0: all at once
+    arrival: Arrival = Arrival.POISSON
+    burst_size: int = 8
+    prompt_tokens: tuple[int, int] = (32, 256)  # inclusive range, sampled uniformly
+    output_tokens: tuple[int, int] = (32, 128)
+    batch_fraction: float = 0.0  # share of requests sent as SLA_CLASS_BATCH
+    vocab_low: int = 16  # prompt ids are drawn from [vocab_low, vocab_high)
+    vocab_high: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1:
+            raise ValueError("num_requests must be at least 1")
+        if self.rate_per_second < 0:
+            raise ValueError("rate_per_second must not be negative")
+        if self.burst_size < 1:
+            raise ValueError("burst_size must be at least 1")
+        for name in ("prompt_tokens", "output_tokens"):
+            low, high = getattr(self, name)
+            if not 1 <= low <= high:
+                raise ValueError(f"{name} must be a range 1 <= low <= high, got {low, high}")
+        if not 0 <= self.batch_fraction <= 1:
+            raise ValueError("batch_fraction must be in [0, 1]")
+        if not 0 <= self.vocab_low < self.vocab_high:
+            raise ValueError("vocab range must be 0 <= low < high")
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    request_id: str
+    send_offset_seconds: float
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    sla_class: int
+
+
+@dataclass
+class RequestTrace:
+    request_id: str
+    sla_class: int
+    prompt_tokens: int
+    max_tokens: int
+    sent_at: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # one entry per token
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: int = 0
+    error_code: str = ""
+    events: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    gaps: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error_code and self.finish_reason not in (
+            common_pb2.FINISH_REASON_CANCELLED,
+            common_pb2.FINISH_REASON_ERROR,
+        )
+
+    @property
+    def ttft_seconds(self) -> float | None:
+        return self.token_times[0] - self.sent_at if self.token_times else None
+
+    @property
+    def tpot_seconds(self) -> float | None:
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
+    @property
+    def e2e_seconds(self) -> float | None:
+        return self.token_times[-1] - self.sent_at if self.token_times else None
+
+    @property
+    def max_gap_seconds(self) -> float:
+        """The longest pause between consecutive tokens (a migration shows up here)."""
+        gaps = [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
+        return max(gaps, default=0.0)
+
+
+def plan_requests(spec: LoadSpec, prefix: str = "load") -> list[PlannedRequest]:
+    """Deterministic for a given spec (seeded)."""
+    rng = random.Random(spec.seed)
+    offsets = _arrival_offsets(spec, rng)
+    planned = []
+    for i, offset in enumerate(offsets):
+        prompt_len = rng.randint(*spec.prompt_tokens)
+        planned.append(
+            PlannedRequest(
+                request_id=f"{prefix}-{spec.seed}-{i}",
+                send_offset_seconds=offset,
+                prompt_token_ids=tuple(
+                    rng.randrange(spec.vocab_low, spec.vocab_high) for _ in range(prompt_len)
+                ),
+                max_tokens=rng.randint(*spec.output_tokens),
+                sla_class=(
+                    common_pb2.SLA_CLASS_BATCH
+                    if rng.random() < spec.batch_fraction
+                    else common_pb2.SLA_CLASS_INTERACTIVE
+                ),
+            )
+        )
+    return planned
+
+
+def _arrival_offsets(spec: LoadSpec, rng: random.Random) -> list[float]:
+    n = spec.num_requests
+    if spec.rate_per_second == 0:
+        return [0.0] * n
+    if spec.arrival == Arrival.UNIFORM:
+        return [i / spec.rate_per_second for i in range(n)]
+    if spec.arrival == Arrival.POISSON:
+        offsets, now = [], 0.0
+        for _ in range(n):
+            offsets.append(now)
+            now += rng.expovariate(spec.rate_per_second)
+        return offsets
+    group_rate = spec.rate_per_second / spec.burst_size
+    offsets, now = [], 0.0
+    while len(offsets) < n:
+        offsets.extend([now] * min(spec.burst_size, n - len(offsets)))
+        now += rng.expovariate(group_rate)
+    return offsets
+
+
+StubFactory = Callable[[grpc.aio.Channel], object]
+
+
+def stub_for(service: str) -> StubFactory:
+    """`inference` (the coordinator) or `worker` (a worker directly)."""
+    if service == "inference":
+        return inference_pb2_grpc.InferenceStub
+    if service == "worker":
+        return worker_pb2_grpc.WorkerStub
+    raise ValueError(f"unknown service {service!r}: use 'inference' or 'worker'")
+
+
+async def run_load(
+    target: str,
+    planned: Sequence[PlannedRequest],
+    service: str = "inference",
+    timeout_seconds: float = 600.0,
+    ignore_eos: bool = True,
+    on_done: Callable[[RequestTrace], None] | None = None,
+) -> list[RequestTrace]:
+    """Sends every planned request at its offset, streams it, and keeps per-token times."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = stub_for(service)(channel)
+        start = time.perf_counter()
+
+        async def one(request: PlannedRequest) -> RequestTrace:
+            delay = start + request.send_offset_seconds - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            trace = await _stream_one(stub, request, timeout_seconds, ignore_eos)
+            if on_done is not None:
+                on_done(trace)
+            return trace
+
+        return list(await asyncio.gather(*(one(r) for r in planned)))
+
+
+async def _stream_one(
+    stub: object, request: PlannedRequest, timeout_seconds: float, ignore_eos: bool
+) -> RequestTrace:
+    trace = RequestTrace(
+        request_id=request.request_id,
+        sla_class=request.sla_class,
+        prompt_tokens=len(request.prompt_token_ids),
+        max_tokens=request.max_tokens,
+    )
+    message = common_pb2.GenerateRequest(
+        request_id=request.request_id,
+        prompt_token_ids=list(request.prompt_token_ids),
+        sampling=common_pb2.SamplingParams(max_tokens=request.max_tokens, ignore_eos=ignore_eos),
+        sla_class=request.sla_class,  # type: ignore[arg-type]
+    )
+    trace.sent_at = time.perf_counter()
+    try:
+        async for response in stub.Generate(message, timeout=timeout_seconds):  # type: ignore[attr-defined]
+            now = time.perf_counter()
+            _record(trace, response, now)
+    except grpc.aio.AioRpcError as exc:
+        trace.error_code = exc.code().name
+    return trace
+
+
+def _record(trace: RequestTrace, response: common_pb2.GenerateResponse, now: float) -> None:
+    """Counts duplicates and gaps instead of trusting the server (exactly-once check)."""
+    if response.HasField("event"):
+        trace.events.append(common_pb2.EventKind.Name(response.event.kind))
+    expected = len(trace.token_ids)
+    for offset, token in enumerate(response.token_ids):
+        index = response.index + offset
+        if index < expected:
+            trace.duplicates += 1
+            continue
+        if index > expected:
+            trace.gaps += index - expected
+        trace.token_ids.append(token)
+        trace.token_times.append(now)
+        expected = len(trace.token_ids)
+    if response.finish_reason:
+        trace.finish_reason = response.finish_reason
+
+
+@dataclass(frozen=True)
+class LoadSummary:
+    requests: int
+    completed: int
+    errors: dict[str, int]
+    wall_seconds: float
+    output_tokens: int
+    tokens_per_second: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    tpot_ms_p50: float
+    tpot_ms_p99: float
+    e2e_ms_p50: float
+    e2e_ms_p99: float
+    duplicates: int
+    gaps: int
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def summarize(traces: Sequence[RequestTrace]) -> LoadSummary:
+    ok = [t for t in traces if t.ok]
+    errors: dict[str, int] = {}
+    for t in traces:
+        if not t.ok:
+            key = t.error_code or common_pb2.FinishReason.Name(t.finish_reason)  # type: ignore[arg-type]
+            errors[key] = errors.get(key, 0) + 1
+    first_sent = min((t.sent_at for t in traces), default=0.0)
+    last_token = max((t.token_times[-1] for t in traces if t.token_times), default=first_sent)
+    wall = max(last_token - first_sent, 1e-9)
+    tokens = sum(len(t.token_ids) for t in ok)
+    ttft = [t.ttft_seconds * 1000 for t in ok if t.ttft_seconds is not None]
+    tpot = [t.tpot_seconds * 1000 for t in ok if t.tpot_seconds is not None]
+    e2e = [t.e2e_seconds * 1000 for t in ok if t.e2e_seconds is not None]
+    return LoadSummary(
+        requests=len(traces),
+        completed=len(ok),
+        errors=errors,
+        wall_seconds=wall,
+        output_tokens=tokens,
+        tokens_per_second=tokens / wall,
+        ttft_ms_p50=percentile(ttft, 0.5),
+        ttft_ms_p99=percentile(ttft, 0.99),
+        tpot_ms_p50=percentile(tpot, 0.5),
+        tpot_ms_p99=percentile(tpot, 0.99),
+        e2e_ms_p50=percentile(e2e, 0.5),
+        e2e_ms_p99=percentile(e2e, 0.99),
+        duplicates=sum(t.duplicates for t in traces),
+        gaps=sum(t.gaps for t in traces),
+    )
+
+
+def goodput(traces: Sequence[RequestTrace], ttft_ms: float, tpot_ms: float) -> float:
+    """Requests per second that completed within both latency targets."""
+    good = [
+        t
+        for t in traces
+        if t.ok
+        and t.ttft_seconds is not None
+        and t.ttft_seconds * 1000 <= ttft_ms
+        and (t.tpot_seconds is None or t.tpot_seconds * 1000 <= tpot_ms)
+    ]
+    summary = summarize(traces)
+    return len(good) / summary.wall_seconds if traces else 0.0
