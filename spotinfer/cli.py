@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.demo",
     "spotinfer.commands.fleet",
     "spotinfer.commands.tune",
+    "spotinfer.commands.generate",
 )
 
 

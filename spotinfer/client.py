@@ -1,0 +1,158 @@
+"""The Python client of the public `Inference` service, with stream resume.
+
+A broken stream (the connection dropped, the coordinator restarted, a replica went away) is
+picked up again with `Attach(request_id, from_index)`, so the caller sees every output
+token exactly once, in order:
+
+    Generate ──▶ 0 1 2 3 ✗ (UNAVAILABLE)
+    Attach(from_index=4) ─────▶ 4 5 6 … FINISH
+
+Tokens that arrive twice (a replay that overlaps) are dropped by index here as well, so
+the guarantee holds even against a server that repeats itself.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from protos.convert import chunk_from_proto, sampling_to_proto
+from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from spotinfer.requests import RequestOutput, Sampling, SlaClass, TokenChunk
+
+RETRYABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+)
+DEFAULT_RECONNECT_ATTEMPTS = 20
+RECONNECT_BACKOFF_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    targets: tuple[str, ...]  # coordinator replicas; a reconnect tries the next one
+    timeout_seconds: float = 600.0
+    reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ValueError("at least one target HOST:PORT is needed")
+        if self.reconnect_attempts < 0:
+            raise ValueError("reconnect_attempts must not be negative")
+
+
+class Client:
+    def __init__(self, config: ClientConfig) -> None:
+        self._config = config
+        self._target_index = 0
+        self._channel = grpc.insecure_channel(config.targets[0])
+
+    @classmethod
+    def connect(cls, *targets: str) -> Client:
+        return cls(ClientConfig(targets=tuple(targets)))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def _stub(self) -> inference_pb2_grpc.InferenceStub:
+        return inference_pb2_grpc.InferenceStub(self._channel)
+
+    def _next_target(self) -> None:
+        self._channel.close()
+        self._target_index = (self._target_index + 1) % len(self._config.targets)
+        self._channel = grpc.insecure_channel(self._config.targets[self._target_index])
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        sampling: Sampling,
+        sla_class: SlaClass = SlaClass.INTERACTIVE,
+        request_id: str | None = None,
+    ) -> Iterator[TokenChunk]:
+        """Yields the output chunk by chunk; resumes by itself after a broken stream."""
+        request_id = request_id or f"cli-{uuid.uuid4().hex}"
+        message = common_pb2.GenerateRequest(
+            request_id=request_id,
+            sampling=sampling_to_proto(sampling),
+            sla_class=int(sla_class),  # type: ignore[arg-type]
+        )
+        if isinstance(prompt, str):
+            message.prompt = prompt
+        else:
+            message.prompt_token_ids.extend(prompt)
+        delivered = 0
+        attempts = 0
+        responses = self._stub.Generate(message, timeout=self._config.timeout_seconds)
+        while True:
+            try:
+                for response in responses:
+                    fresh, delivered = _without_seen_tokens(chunk_from_proto(response), delivered)
+                    if fresh is not None:
+                        yield fresh
+                        if fresh.finished:
+                            return
+                return
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                if code not in RETRYABLE or attempts >= self._config.reconnect_attempts:
+                    raise
+            attempts += 1
+            time.sleep(RECONNECT_BACKOFF_SECONDS)
+            if len(self._config.targets) > 1:
+                self._next_target()
+            responses = self._stub.Attach(
+                inference_pb2.AttachRequest(request_id=request_id, from_index=delivered),
+                timeout=self._config.timeout_seconds,
+            )
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        sampling: Sampling,
+        sla_class: SlaClass = SlaClass.INTERACTIVE,
+        request_id: str | None = None,
+    ) -> RequestOutput:
+        """The whole output; raises grpc.RpcError for a request the server refused."""
+        output: RequestOutput | None = None
+        for chunk in self.stream(prompt, sampling, sla_class, request_id):
+            output = output or RequestOutput(chunk.request_id)
+            output.add(chunk)
+        if output is None:
+            raise RuntimeError("the server closed the stream without any output")
+        return output
+
+    def cancel(self, request_id: str) -> bool:
+        reply = self._stub.Cancel(inference_pb2.CancelRequest(request_id=request_id), timeout=30)
+        return bool(reply.cancelled)
+
+
+def _without_seen_tokens(chunk: TokenChunk, delivered: int) -> tuple[TokenChunk | None, int]:
+    """Drops the tokens of `chunk` the caller already has; keeps events and finish."""
+    skip = max(0, delivered - chunk.index)
+    if chunk.token_ids and chunk.index > delivered:
+        raise RuntimeError(
+            f"request {chunk.request_id}: the server skipped tokens {delivered}..{chunk.index - 1}"
+        )
+    token_ids = chunk.token_ids[skip:]
+    if not token_ids and chunk.event is None and not chunk.finished:
+        return None, delivered
+    trimmed = TokenChunk(
+        request_id=chunk.request_id,
+        index=max(chunk.index, delivered) if chunk.token_ids else delivered,
+        token_ids=token_ids,
+        text=chunk.text if skip == 0 else "",
+        finish_reason=chunk.finish_reason,
+        event=chunk.event,
+        worker_id=chunk.worker_id,
+    )
+    return trimmed, delivered + len(token_ids)

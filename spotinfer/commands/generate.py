@@ -1,0 +1,113 @@
+"""`spotinfer generate` streams an answer; `spotinfer status` shows the cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from spotinfer.errors import UserError
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+
+def register(subparsers: Any) -> None:
+    generate: argparse.ArgumentParser = subparsers.add_parser(
+        "generate", help="stream an answer from a cluster's coordinator"
+    )
+    generate.add_argument("prompt")
+    generate.add_argument(
+        "--target",
+        action="append",
+        default=None,
+        help=f"coordinator HOST:PORT; repeat for replicas (default {DEFAULT_TARGET})",
+    )
+    generate.add_argument("--max-tokens", type=int, default=128)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--sla", choices=("interactive", "batch"), default="interactive")
+    generate.add_argument("--request-id", default=None)
+    generate.set_defaults(func=run_generate)
+
+    status: argparse.ArgumentParser = subparsers.add_parser(
+        "status", help="workers, queues and in-flight requests of a cluster"
+    )
+    status.add_argument("--target", default=DEFAULT_TARGET, help="coordinator HOST:PORT")
+    status.set_defaults(func=run_status)
+
+
+def _unreachable(target: str, exc: Any) -> UserError:
+    return UserError(f"cannot reach a coordinator at {target}: {exc.details() or exc.code().name}")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    import grpc
+
+    from spotinfer.client import Client, ClientConfig
+    from spotinfer.requests import Sampling, SlaClass
+
+    targets = tuple(args.target or [DEFAULT_TARGET])
+    sampling = Sampling(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    sla = SlaClass.BATCH if args.sla == "batch" else SlaClass.INTERACTIVE
+    client = Client(ClientConfig(targets=targets, reconnect_attempts=3))
+    try:
+        for chunk in client.stream(args.prompt, sampling, sla, args.request_id):
+            if chunk.event is not None:
+                print(f"\n[{chunk.event.kind.name.lower()}: {chunk.event.detail}]", file=sys.stderr)
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        print()
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+            raise _unreachable(", ".join(targets), exc) from exc
+        raise UserError(f"{exc.code().name}: {exc.details()}") from exc  # type: ignore[attr-defined]
+    finally:
+        client.close()
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    import grpc
+    from rich.console import Console
+    from rich.table import Table
+
+    from protos.spotinfer.v1 import common_pb2, control_pb2, control_pb2_grpc
+
+    with grpc.insecure_channel(args.target) as channel:
+        try:
+            status = control_pb2_grpc.ControlStub(channel).ClusterStatus(
+                control_pb2.ClusterStatusRequest(), timeout=5
+            )
+        except grpc.RpcError as exc:
+            raise _unreachable(args.target, exc) from exc
+    console = Console()
+    workers = Table(title=f"workers at {args.target}")
+    for column in ("worker", "address", "role", "state", "running", "waiting", "KV free", "tok/s"):
+        workers.add_column(column)
+    for w in status.workers:
+        workers.add_row(
+            w.worker_id,
+            w.address,
+            control_pb2.WorkerRole.Name(w.role).removeprefix("WORKER_ROLE_").lower(),
+            control_pb2.WorkerState.Name(w.state).removeprefix("WORKER_STATE_").lower(),
+            str(w.stats.running_seqs),
+            str(w.stats.waiting_seqs),
+            f"{w.stats.kv_blocks_free}/{w.stats.kv_blocks_total}",
+            f"{w.stats.tokens_per_second:.1f}",
+        )
+    console.print(workers)
+    queues = Table(title="queues")
+    for column in ("class", "depth", "capacity", "running"):
+        queues.add_column(column)
+    for q in status.queues:
+        name = common_pb2.SlaClass.Name(q.sla_class).removeprefix("SLA_CLASS_").lower()
+        queues.add_row(name, str(q.depth), str(q.capacity), str(q.running))
+    console.print(queues)
+    console.print(f"in flight: {status.in_flight}; standbys ready: {status.standbys_ready}")
+    return 0
