@@ -68,6 +68,19 @@ class PlannedRequest:
     sla_class: int
 
 
+@dataclass(frozen=True)
+class TraceEvent:
+    """An event a stream carried (MIGRATED, RECOVERED, ...), when the client saw it."""
+
+    time: float
+    kind: str  # EventKind name without the prefix, lower case: "migrated", "recovered", ...
+    from_worker: str = ""
+    to_worker: str = ""
+    recomputed_tokens: int = 0
+    loaded_tokens: int = 0
+    detail: str = ""
+
+
 @dataclass
 class RequestTrace:
     request_id: str
@@ -77,9 +90,10 @@ class RequestTrace:
     sent_at: float = 0.0
     token_times: list[float] = field(default_factory=list)  # one entry per token
     token_ids: list[int] = field(default_factory=list)
+    token_workers: list[str] = field(default_factory=list)  # which worker produced each token
     finish_reason: int = 0
     error_code: str = ""
-    events: list[str] = field(default_factory=list)
+    events: list[TraceEvent] = field(default_factory=list)
     duplicates: int = 0
     gaps: int = 0
 
@@ -103,6 +117,10 @@ class RequestTrace:
     @property
     def e2e_seconds(self) -> float | None:
         return self.token_times[-1] - self.sent_at if self.token_times else None
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return sum(e.recomputed_tokens for e in self.events)
 
     @property
     def max_gap_seconds(self) -> float:
@@ -221,7 +239,18 @@ async def _stream_one(
 def _record(trace: RequestTrace, response: common_pb2.GenerateResponse, now: float) -> None:
     """Counts duplicates and gaps instead of trusting the server (exactly-once check)."""
     if response.HasField("event"):
-        trace.events.append(common_pb2.EventKind.Name(response.event.kind))
+        event = response.event
+        trace.events.append(
+            TraceEvent(
+                time=now,
+                kind=common_pb2.EventKind.Name(event.kind).removeprefix("EVENT_KIND_").lower(),
+                from_worker=event.from_worker,
+                to_worker=event.to_worker,
+                recomputed_tokens=event.recomputed_tokens,
+                loaded_tokens=event.loaded_tokens,
+                detail=event.detail,
+            )
+        )
     expected = len(trace.token_ids)
     for offset, token in enumerate(response.token_ids):
         index = response.index + offset
@@ -232,6 +261,7 @@ def _record(trace: RequestTrace, response: common_pb2.GenerateResponse, now: flo
             trace.gaps += index - expected
         trace.token_ids.append(token)
         trace.token_times.append(now)
+        trace.token_workers.append(response.worker_id)
         expected = len(trace.token_ids)
     if response.finish_reason:
         trace.finish_reason = response.finish_reason

@@ -1,0 +1,1 @@
+"""Chaos preemption drills: scenarios, invariant verdicts, timelines."""
