@@ -61,13 +61,16 @@ def plot_timeline(
             ax.scatter(
                 [(trace.token_times or [trace.sent_at])[-1] - start], [row], marker="x", color="red"
             )
-    for event in events:
+    for cluster_event in events:
         ax.axvline(
-            event.time - start, color=EVENT_COLOURS.get(event.kind, "tab:gray"), ls="--", lw=1
+            cluster_event.time - start,
+            color=EVENT_COLOURS.get(cluster_event.kind, "tab:gray"),
+            ls="--",
+            lw=1,
         )
         ax.annotate(
-            f"{event.kind} {event.target}",
-            (event.time - start, len(traces) - 0.5),
+            f"{cluster_event.kind} {cluster_event.target}",
+            (cluster_event.time - start, len(traces) - 0.5),
             rotation=90,
             fontsize=7,
             va="top",

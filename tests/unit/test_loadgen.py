@@ -30,7 +30,10 @@ def test_plan_is_deterministic_and_within_ranges() -> None:
 
 def test_poisson_gaps_average_one_over_the_rate() -> None:
     planned = plan_requests(LoadSpec(num_requests=4000, rate_per_second=10.0))
-    gaps = [b.send_offset_seconds - a.send_offset_seconds for a, b in zip(planned, planned[1:])]
+    gaps = [
+        b.send_offset_seconds - a.send_offset_seconds
+        for a, b in zip(planned, planned[1:], strict=False)
+    ]
     assert statistics.mean(gaps) == pytest.approx(0.1, rel=0.1)
     assert statistics.stdev(gaps) == pytest.approx(0.1, rel=0.15)  # exponential: sd = mean
 
