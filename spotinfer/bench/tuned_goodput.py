@@ -1,0 +1,151 @@
+"""Goodput under an interactive SLA: the tuned max_num_seqs vs vLLM's default, same arrivals.
+
+    python -m spotinfer.bench.tuned_goodput --tuning-file docs/bench/tuning.json
+
+Two workers on the same model stay loaded side by side — one with the interactive class's
+tuned max_num_seqs, one with vLLM's default for an API server on this platform (128 on CPU,
+256 on GPU) — and receive the same seeded Poisson arrivals in alternating rounds. Goodput is
+the rate of requests that finished within both the TTFT and the TPOT targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from spotinfer.loadgen import LoadSpec, goodput, plan_requests, run_load, summarize
+from spotinfer.local.worker_process import WorkerProcess
+from spotinfer.tuner import load_tuning_file
+
+VLLM_CPU_DEFAULT_MAX_NUM_SEQS = 128
+
+
+def _worker(model: str, max_num_seqs: int, dtype: str) -> WorkerProcess:
+    return WorkerProcess(
+        model,
+        *("--dtype", dtype),
+        *("--max-model-len", "1024"),
+        *("--kv-cache-bytes", str(2 << 30)),
+        *("--max-num-seqs", str(max_num_seqs)),
+    )
+
+
+def measure(args: argparse.Namespace, model: str, tuned: int) -> dict[str, Any]:
+    vocab = int(json.loads(Path(model, "config.json").read_text())["vocab_size"])
+    settings = {"tuned": tuned, "vllm-default": args.default_max_num_seqs}
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
+    with Progress() as progress:
+        task = progress.add_task("loading workers", total=args.rounds * 2)
+        workers = {
+            name: _worker(model, seqs, args.dtype).start() for name, seqs in settings.items()
+        }
+        try:
+            for r in range(args.rounds):
+                spec = LoadSpec(
+                    num_requests=args.requests,
+                    rate_per_second=args.rate,
+                    prompt_tokens=(64, 128),
+                    output_tokens=(48, 96),
+                    vocab_high=vocab,
+                    seed=r,
+                )
+                order = list(settings) if r % 2 == 0 else list(reversed(settings))
+                for name in order:
+                    progress.update(task, description=f"round {r + 1}: {name}")
+                    planned = plan_requests(spec, prefix=f"goodput-{name}-{r}")
+                    traces = asyncio.run(run_load(workers[name].address, planned, service="worker"))
+                    summary = summarize(traces)
+                    rounds[name].append(
+                        {
+                            "goodput_rps": goodput(traces, args.ttft_p99_ms, args.tpot_p99_ms),
+                            "tokens_per_second": summary.tokens_per_second,
+                            "ttft_ms_p99": summary.ttft_ms_p99,
+                            "tpot_ms_p99": summary.tpot_ms_p99,
+                            "completed": summary.completed,
+                        }
+                    )
+                    progress.update(task, advance=1)
+        finally:
+            for worker in workers.values():
+                worker.stop()
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in rounds[name])
+
+    return {
+        "model": model,
+        "settings": settings,
+        "rate_per_second": args.rate,
+        "requests_per_round": args.requests,
+        "sla": {"ttft_p99_ms": args.ttft_p99_ms, "tpot_p99_ms": args.tpot_p99_ms},
+        "median": {name: {key: med(name, key) for key in rounds[name][0]} for name in settings},
+        "goodput_ratio_tuned_vs_default": med("tuned", "goodput_rps")
+        / max(med("vllm-default", "goodput_rps"), 1e-9),
+        "rounds": rounds,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--tuning-file", type=Path, default=None)
+    parser.add_argument("--tuned-max-num-seqs", type=int, default=None)
+    parser.add_argument("--default-max-num-seqs", type=int, default=VLLM_CPU_DEFAULT_MAX_NUM_SEQS)
+    parser.add_argument("--rate", type=float, default=4.0, help="requests/s (Poisson)")
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--ttft-p99-ms", type=float, default=2000.0)
+    parser.add_argument("--tpot-p99-ms", type=float, default=150.0)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    from spotinfer.models.smollm2 import resolve_model
+
+    if args.tuned_max_num_seqs is not None:
+        tuned = args.tuned_max_num_seqs
+    elif args.tuning_file is not None:
+        tuned = load_tuning_file(args.tuning_file)["classes"]["interactive"]["max_num_seqs"]
+    else:
+        parser.error("give --tuning-file or --tuned-max-num-seqs")
+    model = str(resolve_model(args.model))
+    result = measure(args, model, tuned)
+    table = Table(
+        title=f"goodput under TTFT p99 ≤ {args.ttft_p99_ms:g} ms, TPOT p99 ≤ {args.tpot_p99_ms:g} ms"
+    )
+    for column in (
+        "setting",
+        "max_num_seqs",
+        "goodput req/s",
+        "tokens/s",
+        "TTFT p99 ms",
+        "TPOT p99 ms",
+    ):
+        table.add_column(column)
+    for name, seqs in result["settings"].items():
+        m = result["median"][name]
+        table.add_row(
+            name,
+            str(seqs),
+            f"{m['goodput_rps']:.2f}",
+            f"{m['tokens_per_second']:.1f}",
+            f"{m['ttft_ms_p99']:.0f}",
+            f"{m['tpot_ms_p99']:.1f}",
+        )
+    Console().print(table)
+    Console().print(f"goodput tuned / default = {result['goodput_ratio_tuned_vs_default']:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
