@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.fleet",
     "spotinfer.commands.tune",
     "spotinfer.commands.generate",
+    "spotinfer.commands.coordinator",
 )
 
 

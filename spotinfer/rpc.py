@@ -24,10 +24,22 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     """The status code a client sees for one of our errors (INTERNAL for anything else)."""
     # Imported here: the worker's errors live in the worker package, and this module must
     # not make every process import every other.
+    from coordinator.errors import (
+        IndexOutOfRange,
+        NoWorkerAvailable,
+        QueueFull,
+        UnknownRequest,
+        UnknownWorker,
+    )
     from worker.errors import DuplicateRequest, EngineNotReady, RequestNotFound, WorkerDraining
 
     table: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
         (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+        (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (NoWorkerAvailable, grpc.StatusCode.UNAVAILABLE),
+        (UnknownRequest, grpc.StatusCode.NOT_FOUND),
+        (UnknownWorker, grpc.StatusCode.NOT_FOUND),
+        (IndexOutOfRange, grpc.StatusCode.OUT_OF_RANGE),
         (RequestNotFound, grpc.StatusCode.NOT_FOUND),
         (DuplicateRequest, grpc.StatusCode.ALREADY_EXISTS),
         (EngineNotReady, grpc.StatusCode.UNAVAILABLE),
@@ -44,7 +56,10 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     code = status_for(exc)
     if code == grpc.StatusCode.INTERNAL:
         log.exception("unexpected error in a call", exc_info=exc)
-    await context.abort(code, str(exc) or type(exc).__name__)
+    # An error may carry hints for the client (QueueFull: retry-after-ms).
+    hints = getattr(exc, "trailing_metadata", None)
+    trailing = tuple(hints()) if callable(hints) else ()
+    await context.abort(code, str(exc) or type(exc).__name__, trailing_metadata=trailing)
 
 
 def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:

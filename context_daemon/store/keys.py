@@ -19,6 +19,8 @@ blocks spread over the cluster.
                                                 full KV block persisted for the request
     si:v1:req:{<request_id>}:tail       STRING  the partial last KV block (header +      as meta
                                                 payload); not content-addressed
+    si:v1:req:{<request_id>}:route      HASH    the coordinator's record: owner worker, own TTL, set by
+                                                status, delivered length                the coordinator
     si:v1:blk:{<block_hash_hex>}        STRING  one full KV block (header + payload),   block TTL, reset
                                                 shared by all requests with its prefix  when referenced
 
@@ -97,3 +99,10 @@ def block_key(block_hash: bytes) -> str:
 def schema_pattern() -> str:
     """A SCAN MATCH pattern for every key this schema version owns."""
     return f"{KEY_PREFIX}*"
+
+
+def request_route_key(request_id: str) -> str:
+    """The coordinator's routing record of a request (HASH: coordinator_id, owner_worker_id,
+    status, delivered_length, sla_class, updated_unix_ms). Shares the request's hash tag but
+    not its lifecycle scripts: the coordinator writes it and sets its own expiry."""
+    return _request_key(request_id, "route")

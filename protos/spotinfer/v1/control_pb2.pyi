@@ -126,6 +126,56 @@ class WorkerInfo(_message.Message):
 Global___WorkerInfo: _TypeAlias = WorkerInfo  # noqa: Y015
 
 @_typing.final
+class RegisterWorkerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """empty: the worker's own id, learnt from its Stats"""
+    address: _builtins.str
+    """host:port of its Worker service"""
+    role: Global___WorkerRole.ValueType
+    """UNSPECIFIED means ACTIVE"""
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        role: Global___WorkerRole.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "role", b"role", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterWorkerRequest: _TypeAlias = RegisterWorkerRequest  # noqa: Y015
+
+@_typing.final
+class RegisterWorkerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    ALREADY_REGISTERED_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    already_registered: _builtins.bool
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        already_registered: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_registered", b"already_registered", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterWorkerResponse: _TypeAlias = RegisterWorkerResponse  # noqa: Y015
+
+@_typing.final
 class ListWorkersRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

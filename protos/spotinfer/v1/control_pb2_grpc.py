@@ -54,6 +54,11 @@ class ControlStub:
                 request_serializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.RegisterWorker = channel.unary_unary(
+                '/spotinfer.v1.Control/RegisterWorker',
+                request_serializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerRequest.SerializeToString,
+                response_deserializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -84,6 +89,14 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterWorker(self, request, context):
+        """A worker (or its launcher) joins the cluster; registering an address again updates its
+        role. The coordinator starts polling its Stats (the heartbeat) at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -106,6 +119,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.ClusterStatusRequest.FromString,
                     response_serializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'RegisterWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterWorker,
+                    request_deserializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerRequest.FromString,
+                    response_serializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -216,6 +234,33 @@ class Control:
             '/spotinfer.v1.Control/ClusterStatus',
             protos_dot_spotinfer_dot_v1_dot_control__pb2.ClusterStatusRequest.SerializeToString,
             protos_dot_spotinfer_dot_v1_dot_control__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spotinfer.v1.Control/RegisterWorker',
+            protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerRequest.SerializeToString,
+            protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,

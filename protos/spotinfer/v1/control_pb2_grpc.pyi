@@ -36,6 +36,10 @@ class ControlStub:
     InjectNotice: _grpc.UnaryUnaryMultiCallable[_control_pb2.InjectNoticeRequest, _control_pb2.InjectNoticeResponse]
     """For drills: deliver a termination notice to a worker's daemon as a cloud would."""
     ClusterStatus: _grpc.UnaryUnaryMultiCallable[_control_pb2.ClusterStatusRequest, _control_pb2.ClusterStatusResponse]
+    RegisterWorker: _grpc.UnaryUnaryMultiCallable[_control_pb2.RegisterWorkerRequest, _control_pb2.RegisterWorkerResponse]
+    """A worker (or its launcher) joins the cluster; registering an address again updates its
+    role. The coordinator starts polling its Stats (the heartbeat) at once.
+    """
 
 @_typing.type_check_only
 class ControlAsyncStub(ControlStub):
@@ -45,6 +49,10 @@ class ControlAsyncStub(ControlStub):
     InjectNotice: _aio.UnaryUnaryMultiCallable[_control_pb2.InjectNoticeRequest, _control_pb2.InjectNoticeResponse]  # type: ignore[assignment]
     """For drills: deliver a termination notice to a worker's daemon as a cloud would."""
     ClusterStatus: _aio.UnaryUnaryMultiCallable[_control_pb2.ClusterStatusRequest, _control_pb2.ClusterStatusResponse]  # type: ignore[assignment]
+    RegisterWorker: _aio.UnaryUnaryMultiCallable[_control_pb2.RegisterWorkerRequest, _control_pb2.RegisterWorkerResponse]  # type: ignore[assignment]
+    """A worker (or its launcher) joins the cluster; registering an address again updates its
+    role. The coordinator starts polling its Stats (the heartbeat) at once.
+    """
 
 class ControlServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -75,5 +83,15 @@ class ControlServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.ClusterStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.ClusterStatusResponse, _abc.Awaitable[_control_pb2.ClusterStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RegisterWorker(
+        self,
+        request: _control_pb2.RegisterWorkerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.RegisterWorkerResponse, _abc.Awaitable[_control_pb2.RegisterWorkerResponse]]:
+        """A worker (or its launcher) joins the cluster; registering an address again updates its
+        role. The coordinator starts polling its Stats (the heartbeat) at once.
+        """
 
 def add_ControlServicer_to_server(servicer: ControlServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,217 @@
+"""Admission: one bounded queue per SLA class in front of per-worker concurrency caps.
+
+    Generate ─▶ enqueue ─┬─ a worker has a slot ──────────────▶ Lease (placed at once)
+                         ├─ its queue has room ─▶ Ticket ─ wait ─▶ Lease (when a slot frees)
+                         └─ its queue is full ──▶ QueueFull (RESOURCE_EXHAUSTED + retry hint)
+
+A worker's slots: `max_seqs_per_worker`, else the max_num_seqs its engine was sized for by
+the memory planner, so a burst waits here instead of overrunning the worker's KV memory;
+optionally fewer per SLA class. INTERACTIVE is served before BATCH: a freed slot goes to the
+oldest INTERACTIVE request that fits, and a new BATCH request never overtakes a waiting
+INTERACTIVE one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from coordinator.errors import NoWorkerAvailable, QueueFull
+from coordinator.registry import Registry, WorkerEntry
+from coordinator.routing import RoutingPolicy
+from coordinator.standby_pool import StandbyPool
+from spotinfer.requests import GenerationRequest, SlaClass
+
+log = logging.getLogger(__name__)
+
+# The order in which queues are served.
+SERVICE_ORDER = (SlaClass.INTERACTIVE, SlaClass.BATCH)
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    queue_capacity: dict[SlaClass, int]
+    max_seqs_per_worker: int  # 0: each worker's max_num_seqs
+    class_cap_per_worker: dict[SlaClass, int]  # 0: no cap for that class
+    retry_after_ms: int
+
+
+class Lease:
+    """A slot on one worker, held by one request until `release` (idempotent)."""
+
+    def __init__(
+        self,
+        entry: WorkerEntry,
+        sla_class: SlaClass,
+        kv_blocks: int,
+        on_release: Callable[[Lease], None],
+    ) -> None:
+        self.entry = entry
+        self.sla_class = sla_class
+        self.kv_blocks = kv_blocks
+        self._on_release = on_release
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._on_release(self)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A request waiting in its class's queue."""
+
+    request: GenerationRequest
+    future: asyncio.Future[Lease] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Admission:
+    """Not thread-safe: the coordinator's event loop owns it. ``on_change`` runs after every
+    change of queue depth or slot use (metrics read it)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        policy: RoutingPolicy,
+        pool: StandbyPool,
+        limits: AdmissionLimits,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._registry = registry
+        self._policy = policy
+        self._pool = pool
+        self._limits = limits
+        self._on_change = on_change
+        self._queues: dict[SlaClass, collections.deque[Ticket]] = {
+            sla: collections.deque() for sla in SlaClass
+        }
+
+    # -- queries -------------------------------------------------------------------------
+
+    def depth(self, sla_class: SlaClass) -> int:
+        return len(self._queues[sla_class])
+
+    def capacity(self, sla_class: SlaClass) -> int:
+        return self._limits.queue_capacity[sla_class]
+
+    def running(self, sla_class: SlaClass) -> int:
+        return sum(entry.in_flight[sla_class] for entry in self._registry)
+
+    def worker_slots(self, entry: WorkerEntry) -> int:
+        if self._limits.max_seqs_per_worker:
+            return self._limits.max_seqs_per_worker
+        reported = entry.capacity.max_num_seqs if entry.capacity else 0
+        return max(1, reported)
+
+    # -- admission -----------------------------------------------------------------------
+
+    def enqueue(self, request: GenerationRequest) -> Ticket:
+        """Places the request at once or queues it; raises QueueFull or NoWorkerAvailable."""
+        sla = request.sla_class
+        if not self._registry.routable() and self._pool.promote_one() is None:
+            raise NoWorkerAvailable("no worker is ready to serve requests")
+        ticket = Ticket(request)
+        if not self._waiting_ahead_of(sla):
+            lease = self._place(request)
+            if lease is not None:
+                ticket.future.set_result(lease)
+                return ticket
+        queue = self._queues[sla]
+        if len(queue) >= self.capacity(sla):
+            raise QueueFull(sla.name, self.capacity(sla), self._retry_after_ms())
+        queue.append(ticket)
+        self._on_change()
+        return ticket
+
+    async def wait(self, ticket: Ticket) -> Lease:
+        """The ticket's lease; a caller cancelled while waiting leaves the queue."""
+        try:
+            return await asyncio.shield(ticket.future)
+        except asyncio.CancelledError:
+            self.withdraw(ticket)
+            raise
+
+    def withdraw(self, ticket: Ticket) -> None:
+        """Takes a waiting ticket out of its queue (or gives back a lease it already got)."""
+        queue = self._queues[ticket.request.sla_class]
+        if ticket in queue:
+            queue.remove(ticket)
+            self._on_change()
+        if ticket.future.done() and not ticket.future.cancelled():
+            ticket.future.result().release()
+        else:
+            ticket.future.cancel()
+
+    def place_elsewhere(self, request: GenerationRequest, exclude: frozenset[str]) -> Lease | None:
+        """A slot for a request that was already admitted and lost its worker: any routable
+        worker but ``exclude`` (addresses), caps ignored — dropping an accepted request is
+        worse than one sequence over a cap — promoting a standby when none is left."""
+        candidates = [e for e in self._registry.routable() if e.address not in exclude]
+        if not candidates:
+            promoted = self._pool.promote_one(exclude)
+            candidates = [promoted] if promoted is not None else []
+        if not candidates:
+            return None
+        return self._lease(request, self._policy.choose(request, candidates))
+
+    def pump(self) -> None:
+        """Gives freed slots to waiting tickets, INTERACTIVE first. Called after any release
+        and after every heartbeat (a worker may have become ready)."""
+        for sla in SERVICE_ORDER:
+            queue = self._queues[sla]
+            while queue:
+                ticket = queue[0]
+                if ticket.future.done():  # withdrawn meanwhile
+                    queue.popleft()
+                    continue
+                lease = self._place(ticket.request)
+                if lease is None:
+                    break
+                queue.popleft()
+                ticket.future.set_result(lease)
+            if queue:
+                # Strict priority: BATCH waits while INTERACTIVE requests do.
+                break
+        self._on_change()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _waiting_ahead_of(self, sla: SlaClass) -> bool:
+        ahead = SERVICE_ORDER[: SERVICE_ORDER.index(sla) + 1]
+        return any(self._queues[s] for s in ahead)
+
+    def _has_room(self, entry: WorkerEntry, sla: SlaClass) -> bool:
+        if entry.in_flight_total >= self.worker_slots(entry):
+            return False
+        class_cap = self._limits.class_cap_per_worker.get(sla, 0)
+        return not class_cap or entry.in_flight[sla] < class_cap
+
+    def _place(self, request: GenerationRequest) -> Lease | None:
+        candidates = [e for e in self._registry.routable() if self._has_room(e, request.sla_class)]
+        if not candidates:
+            return None
+        return self._lease(request, self._policy.choose(request, candidates))
+
+    def _lease(self, request: GenerationRequest, entry: WorkerEntry) -> Lease:
+        blocks = entry.kv_blocks_for(request)
+        entry.in_flight[request.sla_class] += 1
+        entry.reserved_kv_blocks += blocks
+        self._on_change()
+        return Lease(entry, request.sla_class, blocks, self._release)
+
+    def _release(self, lease: Lease) -> None:
+        lease.entry.in_flight[lease.sla_class] -= 1
+        lease.entry.reserved_kv_blocks -= lease.kv_blocks
+        self.pump()
+
+    def _retry_after_ms(self) -> int:
+        """The base hint, once more for every full round of slots the backlog would need."""
+        waiting = sum(len(q) for q in self._queues.values())
+        slots = sum(self.worker_slots(e) for e in self._registry.routable())
+        return self._limits.retry_after_ms * (1 + waiting // max(1, slots))

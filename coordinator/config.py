@@ -1,0 +1,224 @@
+"""The coordinator's one configuration object; the only place that reads the environment.
+
+CLI flags are derived from the fields (`add_arguments` / `from_args`): `--max-seqs-per-worker`
+for `max_seqs_per_worker`, help from the field's metadata. Tuple fields are repeatable flags
+named in the singular (`--worker ADDR --worker ADDR`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.constants import (
+    DEFAULT_BATCH_QUEUE_CAPACITY,
+    DEFAULT_FAILOVER_POLICY,
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_INTERACTIVE_QUEUE_CAPACITY,
+    DEFAULT_LOST_AFTER_SECONDS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_RECORD_TTL_SECONDS,
+    DEFAULT_RETENTION_SECONDS,
+    DEFAULT_RETRY_AFTER_MS,
+    DEFAULT_ROUTING_POLICY,
+    DEFAULT_STANDBY_POOL_SIZE,
+)
+
+# Repeatable flags: field name -> flag name.
+_LIST_FLAGS = {"workers": "--worker", "standbys": "--standby"}
+
+
+def _default_coordinator_id() -> str:
+    return os.environ.get("SPOTINFER_COORDINATOR_ID") or f"coordinator-{uuid.uuid4().hex[:8]}"
+
+
+def _default_redis_url() -> str:
+    return os.environ.get("SPOTINFER_REDIS_URL", "")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=DEFAULT_GRPC_PORT, metadata={"help": "gRPC port; 0 picks a free one"})
+    http_port: int = field(
+        default=DEFAULT_HTTP_PORT,
+        metadata={"help": "OpenAI-compatible HTTP port; 0 picks a free one"},
+    )
+    serve_http: bool = field(default=True, metadata={"help": "serve the HTTP front"})
+    workers: tuple[str, ...] = field(
+        default=(), metadata={"help": "address (host:port) of an active worker; repeatable"}
+    )
+    standbys: tuple[str, ...] = field(
+        default=(), metadata={"help": "address of a warm standby worker; repeatable"}
+    )
+    model: str = field(
+        default="",
+        metadata={
+            "help": "the model folder the workers serve: its tokenizer tokenizes text prompts "
+            "and applies the chat template; empty: token-id prompts only"
+        },
+    )
+    served_model_name: str = field(
+        default="", metadata={"help": "model name on the HTTP front; empty: the folder's name"}
+    )
+    coordinator_id: str = field(
+        default_factory=_default_coordinator_id, metadata={"help": "name in the cluster"}
+    )
+    routing_policy: str = field(
+        default=DEFAULT_ROUTING_POLICY, metadata={"help": "how a worker is picked for a request"}
+    )
+    failover_policy: str = field(
+        default=DEFAULT_FAILOVER_POLICY,
+        metadata={"help": "what happens to a request whose worker stream broke"},
+    )
+    interactive_queue_capacity: int = field(
+        default=DEFAULT_INTERACTIVE_QUEUE_CAPACITY,
+        metadata={"help": "most INTERACTIVE requests waiting for a worker slot"},
+    )
+    batch_queue_capacity: int = field(
+        default=DEFAULT_BATCH_QUEUE_CAPACITY,
+        metadata={"help": "most BATCH requests waiting for a worker slot"},
+    )
+    max_seqs_per_worker: int = field(
+        default=0,
+        metadata={"help": "most requests in flight on one worker; 0: its max_num_seqs"},
+    )
+    interactive_max_per_worker: int = field(
+        default=0,
+        metadata={"help": "most INTERACTIVE requests on one worker; 0: no class cap"},
+    )
+    batch_max_per_worker: int = field(
+        default=0, metadata={"help": "most BATCH requests on one worker; 0: no class cap"}
+    )
+    retry_after_ms: int = field(
+        default=DEFAULT_RETRY_AFTER_MS,
+        metadata={"help": "base retry hint for a client whose queue was full"},
+    )
+    heartbeat_interval_seconds: float = field(
+        default=DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
+        metadata={"help": "how often each worker's Stats is polled"},
+    )
+    lost_after_seconds: float = field(
+        default=DEFAULT_LOST_AFTER_SECONDS,
+        metadata={"help": "a worker silent this long is lost"},
+    )
+    standby_pool_size: int = field(
+        default=DEFAULT_STANDBY_POOL_SIZE,
+        metadata={"help": "warm standbys to keep; fewer ready is logged as a warning"},
+    )
+    retention_seconds: float = field(
+        default=DEFAULT_RETENTION_SECONDS,
+        metadata={"help": "how long a finished request stays attachable"},
+    )
+    redis_url: str = field(
+        default_factory=_default_redis_url,
+        metadata={"help": "Redis for request records (redis://host:port/db); empty: none"},
+    )
+    record_ttl_seconds: int = field(
+        default=DEFAULT_RECORD_TTL_SECONDS,
+        metadata={"help": "lifetime of a request record in Redis"},
+    )
+    max_message_bytes: int = field(
+        default=DEFAULT_MAX_MESSAGE_BYTES, metadata={"help": "largest gRPC message accepted"}
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("port", "http_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, got {getattr(self, name)}")
+        for address in (*self.workers, *self.standbys):
+            check_address(address)
+        for name in ("interactive_queue_capacity", "batch_queue_capacity", "record_ttl_seconds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in (
+            "max_seqs_per_worker",
+            "interactive_max_per_worker",
+            "batch_max_per_worker",
+            "retry_after_ms",
+            "standby_pool_size",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.heartbeat_interval_seconds <= 0:
+            raise ValueError("heartbeat_interval_seconds must be positive")
+        if self.lost_after_seconds <= self.heartbeat_interval_seconds:
+            raise ValueError(
+                f"lost_after_seconds ({self.lost_after_seconds}) must be longer than "
+                f"heartbeat_interval_seconds ({self.heartbeat_interval_seconds})"
+            )
+        if self.retention_seconds < 0:
+            raise ValueError("retention_seconds must not be negative")
+        if self.max_message_bytes < 1024:
+            raise ValueError("max_message_bytes must be at least 1024")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"redis_url must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}"
+            )
+        if not self.coordinator_id:
+            raise ValueError("coordinator_id must not be empty")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use for the model on the HTTP front."""
+        if self.served_model_name:
+            return self.served_model_name
+        return Path(self.model).name if self.model else "spotinfer"
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            help_text = f.metadata.get("help", "")
+            if f.name in _LIST_FLAGS:
+                parser.add_argument(
+                    _LIST_FLAGS[f.name],
+                    dest=f.name,
+                    action="append",
+                    default=None,
+                    metavar="ADDR",
+                    help=help_text,
+                )
+            elif f.type in ("bool", bool):
+                parser.add_argument(
+                    _flag(f.name),
+                    action=argparse.BooleanOptionalAction,
+                    default=None,
+                    help=help_text,
+                )
+            else:
+                parser.add_argument(
+                    _flag(f.name), type=_field_type(f), default=None, help=help_text
+                )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **overrides: Any) -> CoordinatorConfig:
+        """Builds the config from parsed flags; unset flags keep the field defaults."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            value = getattr(args, f.name, None)
+            if value is not None:
+                values[f.name] = tuple(value) if f.name in _LIST_FLAGS else value
+        values.update(overrides)
+        return cls(**values)
+
+
+def check_address(address: str) -> None:
+    """``host:port`` with a port in range; raises ValueError otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"worker address must be host:port, got {address!r}")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _field_type(f: dataclasses.Field[Any]) -> type:
+    return {"int": int, "float": float, "str": str}.get(str(f.type), str)

@@ -1,0 +1,44 @@
+"""Constants of the coordinator: defaults for its config, timing, and the wire names it uses."""
+
+from __future__ import annotations
+
+# --- ports and messages -----------------------------------------------------------------------
+DEFAULT_GRPC_PORT = 50051
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
+SERVER_STOP_GRACE_SECONDS = 5.0
+
+# --- registry and heartbeats ------------------------------------------------------------------
+# Stats is the heartbeat: one call per worker per interval.
+DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 1.0
+# A worker that has not answered Stats for this long is LOST: its requests are interrupted.
+DEFAULT_LOST_AFTER_SECONDS = 5.0
+# One Stats call may not take longer than this; a slow answer counts as no answer.
+STATS_TIMEOUT_SECONDS = 2.0
+DEFAULT_STANDBY_POOL_SIZE = 0
+
+# --- admission --------------------------------------------------------------------------------
+DEFAULT_INTERACTIVE_QUEUE_CAPACITY = 256
+DEFAULT_BATCH_QUEUE_CAPACITY = 1024
+# The retry hint a rejected client gets grows with the backlog it would have joined.
+DEFAULT_RETRY_AFTER_MS = 500
+RETRY_AFTER_METADATA_KEY = "retry-after-ms"
+
+# --- relay ------------------------------------------------------------------------------------
+# A finished request stays attachable this long (a client that lost its connection at the end).
+DEFAULT_RETENTION_SECONDS = 300.0
+RETENTION_SWEEP_INTERVAL_SECONDS = 1.0
+# Longest wait for the worker's answer to an Abort.
+ABORT_TIMEOUT_SECONDS = 5.0
+DEFAULT_ROUTING_POLICY = "least-loaded"
+DEFAULT_FAILOVER_POLICY = "fail"
+
+# --- request records in Redis -----------------------------------------------------------------
+# Delivered lengths are written behind, batched, at most this often.
+RECORD_FLUSH_INTERVAL_SECONDS = 0.2
+DEFAULT_RECORD_TTL_SECONDS = 6 * 3600
+
+# --- HTTP front -------------------------------------------------------------------------------
+DEFAULT_HTTP_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+MODEL_OWNER = "spotinfer"

@@ -1,0 +1,39 @@
+"""Entry point shared by `spotinfer coordinator` and `python -m coordinator`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from coordinator.config import CoordinatorConfig
+from spotinfer.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    CoordinatorConfig.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from coordinator.failover import FailoverPolicy
+    from coordinator.routing import RoutingPolicy
+    from coordinator.server import serve
+
+    try:
+        config = CoordinatorConfig.from_args(args)
+    except (TypeError, ValueError) as exc:
+        raise UserError(str(exc)) from exc
+    if config.routing_policy not in RoutingPolicy.names():
+        raise UserError(
+            f"unknown routing policy {config.routing_policy!r}; "
+            f"known: {', '.join(RoutingPolicy.names())}"
+        )
+    if config.failover_policy not in FailoverPolicy.names():
+        raise UserError(
+            f"unknown failover policy {config.failover_policy!r}; "
+            f"known: {', '.join(FailoverPolicy.names())}"
+        )
+    if config.model and not (Path(config.model) / "config.json").exists():
+        raise UserError(f"--model {config.model}: not a model folder (no config.json)")
+    return asyncio.run(serve(config))

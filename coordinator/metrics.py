@@ -1,0 +1,80 @@
+"""The coordinator's Prometheus metrics, in a registry of their own (no global state), served
+as text on the HTTP front's `/metrics`."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from spotinfer.requests import FinishReason, SlaClass
+
+# Decode steps of a small model on a CPU take milliseconds; a queued first token, seconds.
+_TTFT_BUCKETS_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TPOT_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+PREFIX = "spotinfer_coordinator_"
+
+
+class CoordinatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge(
+            PREFIX + "queue_depth", "requests waiting for a worker slot", ["sla_class"], registry=r
+        )
+        self.queue_capacity = Gauge(
+            PREFIX + "queue_capacity", "most requests that may wait", ["sla_class"], registry=r
+        )
+        self.in_flight = Gauge(
+            PREFIX + "requests_in_flight", "requests admitted and not finished", registry=r
+        )
+        self.requests = Counter(
+            PREFIX + "requests", "finished requests", ["sla_class", "finish_reason"], registry=r
+        )
+        self.rejected = Counter(
+            PREFIX + "rejected_requests", "requests refused at the edge", ["reason"], registry=r
+        )
+        self.tokens_relayed = Counter(
+            PREFIX + "tokens_relayed", "output tokens delivered to clients' streams", registry=r
+        )
+        self.failovers = Counter(
+            PREFIX + "failovers", "requests moved off an interrupted worker", ["kind"], registry=r
+        )
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "from admission to the first output token",
+            ["sla_class"],
+            buckets=_TTFT_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            PREFIX + "time_per_output_token_seconds",
+            "mean time between output tokens after the first, per request",
+            ["sla_class"],
+            buckets=_TPOT_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.workers = Gauge(
+            PREFIX + "workers", "registered workers", ["role", "state"], registry=r
+        )
+        self.standbys_ready = Gauge(
+            PREFIX + "standbys_ready", "warm standbys ready to be promoted", registry=r
+        )
+        for sla in SlaClass:
+            self.queue_depth.labels(sla.name).set(0)
+            self.ttft.labels(sla.name)
+            self.tpot.labels(sla.name)
+
+    def request_done(
+        self,
+        sla_class: SlaClass,
+        reason: FinishReason,
+        ttft_seconds: float | None,
+        tpot_seconds: float | None,
+    ) -> None:
+        self.requests.labels(sla_class.name, reason.name).inc()
+        if ttft_seconds is not None:
+            self.ttft.labels(sla_class.name).observe(ttft_seconds)
+        if tpot_seconds is not None:
+            self.tpot.labels(sla_class.name).observe(tpot_seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

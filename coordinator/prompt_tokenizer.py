@@ -1,0 +1,56 @@
+"""The model's tokenizer at the coordinator: text prompts and chat messages become token ids
+here, so both fronts send workers token ids and validate lengths before any worker is busy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from spotinfer.validation import InvalidRequest
+
+
+class PromptTokenizer:
+    """Loads the tokenizer of the model folder the workers serve (`load`, blocking: call it
+    in a thread). Without a model folder it refuses text and chat prompts."""
+
+    def __init__(self, model: str) -> None:
+        self._model = model
+        self._tokenizer: Any = None
+
+    def load(self) -> None:
+        if not self._model:
+            return
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(self._model)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return len(self._tokenizer) if self._tokenizer is not None else None
+
+    def _require(self, what: str) -> Any:
+        if self._tokenizer is None:
+            raise InvalidRequest(
+                f"this coordinator has no tokenizer (--model) for {what}; send prompt_token_ids"
+            )
+        return self._tokenizer
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self._require("text prompts").encode(text))
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
+        """The model's chat template over ``messages``, ready for the assistant's turn."""
+        tokenizer = self._require("chat messages")
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidRequest("the model has no chat template; use /v1/completions")
+        try:
+            text = tokenizer.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # a template raising on odd roles or content
+            raise InvalidRequest(f"the chat template rejected the messages: {exc}") from exc
+        # The template already holds any special tokens the model wants at the start.
+        return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._require("text output").decode(list(token_ids)))

@@ -1,0 +1,237 @@
+"""The worker registry: who is in the cluster, in which role, in which state, with what room.
+
+Workers come from `--worker` / `--standby` flags and from the RegisterWorker call. Each entry
+keeps the last heartbeat (a Stats answer, see `heartbeat.py`) and the coordinator's own count
+of requests it placed there, because a heartbeat is up to one interval old while admission
+must not overbook a worker between two of them.
+
+A worker's state is derived in one place, `derive_state`, from what is known about it:
+
+    STOPPED ─ deregistered                    (final)
+    LOST ──── silent for lost_after_seconds   (back to its derived state if it answers again)
+    PREEMPTED / MIGRATING / RECOVERING ─ set by the notice and failover paths
+    DRAINING ─ the worker says so, or a drain was asked
+    READY ─── the worker says it is ready
+    STARTING ─ anything else (registered, model still loading)
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from coordinator.errors import UnknownWorker
+from coordinator.worker_client import WorkerCapacity, WorkerClient
+from spotinfer.requests import GenerationRequest, SlaClass
+
+log = logging.getLogger(__name__)
+
+
+class WorkerRole(enum.Enum):
+    ACTIVE = "active"
+    STANDBY = "standby"  # warm (weights loaded); takes no new request until promoted
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    PREEMPTED = "preempted"  # a termination notice arrived
+    MIGRATING = "migrating"  # its requests are moving elsewhere
+    RECOVERING = "recovering"  # its requests are being recovered from the store
+    LOST = "lost"
+    STOPPED = "stopped"
+
+
+# States the notice / failover paths set; a heartbeat does not clear them.
+ORCHESTRATED_STATES = frozenset(
+    {WorkerState.PREEMPTED, WorkerState.MIGRATING, WorkerState.RECOVERING, WorkerState.STOPPED}
+)
+
+
+@dataclass
+class WorkerEntry:
+    """One registered worker. Mutated only by the registry, the heartbeat and admission."""
+
+    address: str
+    role: WorkerRole
+    client: WorkerClient
+    worker_id: str
+    registered_monotonic: float
+    capacity: WorkerCapacity | None = None
+    last_heartbeat_monotonic: float | None = None
+    last_heartbeat_unix: float = 0.0
+    drain_requested: bool = False
+    orchestrated_state: WorkerState | None = None
+    state: WorkerState = WorkerState.STARTING
+    in_flight: dict[SlaClass, int] = field(default_factory=lambda: dict.fromkeys(SlaClass, 0))
+    reserved_kv_blocks: int = 0
+    """KV blocks the requests placed here may grow to (prompt + max_tokens each)."""
+
+    @property
+    def in_flight_total(self) -> int:
+        return sum(self.in_flight.values())
+
+    def kv_blocks_for(self, request: GenerationRequest) -> int:
+        """Blocks the request needs at its longest; 1 while the block size is not known."""
+        block_tokens = self.capacity.kv_block_tokens if self.capacity else 0
+        if block_tokens <= 0:
+            return 1
+        length = len(request.prompt_token_ids) + request.sampling.max_tokens
+        return math.ceil(length / block_tokens)
+
+    @property
+    def kv_headroom_blocks(self) -> int:
+        """Free KV blocks as the worker reported them, less what was placed since: whichever is
+        smaller (the report lags a heartbeat; the reservation is a worst case)."""
+        if self.capacity is None:
+            return 0
+        by_reservation = self.capacity.kv_blocks_total - self.reserved_kv_blocks
+        return min(self.capacity.kv_blocks_free, by_reservation)
+
+
+def derive_state(
+    entry: WorkerEntry, now_monotonic: float, lost_after_seconds: float
+) -> WorkerState:
+    """The one function that says what state a worker is in (see the module docstring)."""
+    if entry.orchestrated_state == WorkerState.STOPPED:
+        return WorkerState.STOPPED
+    heard = entry.last_heartbeat_monotonic
+    silent_since = heard if heard is not None else entry.registered_monotonic
+    if now_monotonic - silent_since > lost_after_seconds:
+        return WorkerState.LOST
+    if entry.orchestrated_state is not None:
+        return entry.orchestrated_state
+    capacity = entry.capacity
+    if entry.drain_requested or (capacity is not None and capacity.draining):
+        return WorkerState.DRAINING
+    if capacity is not None and capacity.ready:
+        return WorkerState.READY
+    return WorkerState.STARTING
+
+
+StateListener = Callable[[WorkerEntry, WorkerState, WorkerState], None]
+
+
+class Registry:
+    """Every worker by address. Not thread-safe: the coordinator's event loop owns it.
+
+    ``listeners`` are called with (entry, old_state, new_state) on every state change, after
+    the change; they must not raise.
+    """
+
+    def __init__(
+        self,
+        lost_after_seconds: float,
+        client_factory: Callable[[str], WorkerClient],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lost_after_seconds = lost_after_seconds
+        self._client_factory = client_factory
+        self._clock = clock
+        self._entries: dict[str, WorkerEntry] = {}
+        self._listeners: list[StateListener] = []
+
+    def subscribe(self, listener: StateListener) -> None:
+        self._listeners.append(listener)
+
+    def add(self, address: str, role: WorkerRole, worker_id: str = "") -> tuple[WorkerEntry, bool]:
+        """Registers a worker; a known address keeps its entry and takes the new role.
+        Returns the entry and whether it was already registered."""
+        entry = self._entries.get(address)
+        if entry is not None and entry.state != WorkerState.STOPPED:
+            if entry.role != role:
+                log.info("worker %s (%s) is now %s", entry.worker_id, address, role.value)
+                entry.role = role
+                self._notify(entry, entry.state, entry.state)
+            return entry, True
+        entry = WorkerEntry(
+            address=address,
+            role=role,
+            client=self._client_factory(address),
+            worker_id=worker_id or address,
+            registered_monotonic=self._clock(),
+        )
+        self._entries[address] = entry
+        log.info("worker %s registered at %s as %s", entry.worker_id, address, role.value)
+        return entry, False
+
+    def __iter__(self) -> Iterator[WorkerEntry]:
+        return iter(list(self._entries.values()))
+
+    def find(self, worker_id_or_address: str) -> WorkerEntry:
+        for entry in self._entries.values():
+            if worker_id_or_address in (entry.worker_id, entry.address):
+                return entry
+        raise UnknownWorker(worker_id_or_address)
+
+    def record_heartbeat(self, entry: WorkerEntry, capacity: WorkerCapacity) -> None:
+        entry.capacity = capacity
+        entry.last_heartbeat_monotonic = self._clock()
+        entry.last_heartbeat_unix = time.time()
+        if capacity.worker_id and entry.worker_id == entry.address:
+            entry.worker_id = capacity.worker_id
+
+    def set_orchestrated_state(self, entry: WorkerEntry, state: WorkerState | None) -> None:
+        """PREEMPTED / MIGRATING / RECOVERING / STOPPED, or None to let heartbeats decide."""
+        assert state is None or state in ORCHESTRATED_STATES
+        entry.orchestrated_state = state
+        self.refresh()
+
+    def request_drain(self, entry: WorkerEntry) -> None:
+        entry.drain_requested = True
+        self.refresh()
+
+    def promote(self, entry: WorkerEntry) -> None:
+        if entry.role == WorkerRole.STANDBY:
+            log.warning("standby %s (%s) promoted to active", entry.worker_id, entry.address)
+            entry.role = WorkerRole.ACTIVE
+            self._notify(entry, entry.state, entry.state)
+
+    def refresh(self) -> None:
+        """Derives every worker's state again and tells listeners what changed."""
+        now = self._clock()
+        for entry in list(self._entries.values()):
+            new = derive_state(entry, now, self._lost_after_seconds)
+            old = entry.state
+            if new != old:
+                entry.state = new
+                level = logging.WARNING if new == WorkerState.LOST else logging.INFO
+                log.log(level, "worker %s: %s -> %s", entry.worker_id, old.value, new.value)
+                self._notify(entry, old, new)
+
+    def _notify(self, entry: WorkerEntry, old: WorkerState, new: WorkerState) -> None:
+        for listener in self._listeners:
+            listener(entry, old, new)
+
+    def routable(self) -> list[WorkerEntry]:
+        """Workers that take new requests: ACTIVE and READY."""
+        return [
+            e
+            for e in self._entries.values()
+            if e.role == WorkerRole.ACTIVE and e.state == WorkerState.READY
+        ]
+
+    def ready_standbys(self) -> list[WorkerEntry]:
+        return [
+            e
+            for e in self._entries.values()
+            if e.role == WorkerRole.STANDBY and e.state == WorkerState.READY
+        ]
+
+    def max_model_len(self) -> int:
+        """The context length every ready worker can serve (0 when none is ready)."""
+        lengths = [
+            e.capacity.max_model_len
+            for e in [*self.routable(), *self.ready_standbys()]
+            if e.capacity is not None and e.capacity.max_model_len > 0
+        ]
+        return min(lengths) if lengths else 0
+
+    async def close(self) -> None:
+        for entry in self._entries.values():
+            await entry.client.close()

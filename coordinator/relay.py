@@ -1,0 +1,333 @@
+"""The relay: one request in flight through the coordinator, and every client reading it.
+
+The relay keeps each output chunk it has accepted, in order, so that it can serve any
+number of readers: a reader that attaches from index i gets the kept tokens from i on, then
+follows live. Chunks from a worker are deduped by index — whatever a new worker repeats
+after a switch is dropped — so every reader sees indices 0..n-1 once each, in order.
+
+    worker A ──chunks──▶ ┐                     ┌──▶ reader (Generate)
+                         ├─ dedupe ─▶ kept ────┼──▶ reader (Attach from 7)
+    worker B ──chunks──▶ ┘   (by index)        └──▶ …
+
+`_run` is the one place that handles an interrupted worker (its stream broke, the heartbeat
+lost it, a termination notice came): it asks the failover policy for a new source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+from coordinator.admission import Admission, Lease, Ticket
+from coordinator.errors import IndexOutOfRange, RequestLost, WorkerStreamBroken
+from coordinator.failover import FailoverPolicy, Interruption, InterruptionKind
+from spotinfer.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
+from spotinfer.validation import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+
+class RelayStatus(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SWITCHING = "switching"  # between a broken worker and the next
+    FINISHED = "finished"
+
+
+class RelayObserver(Protocol):
+    """Told about a relay's progress (metrics, request records). Must not raise."""
+
+    def placed(self, relay: Relay) -> None: ...
+
+    def delivered(self, relay: Relay, new_tokens: int) -> None: ...
+
+    def finished(self, relay: Relay) -> None: ...
+
+
+class Relay:
+    """One request. Create, then `start()`; read with `follow(from_index)`."""
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        ticket: Ticket,
+        admission: Admission,
+        failover: FailoverPolicy,
+        observer: RelayObserver,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.request = request
+        self._ticket = ticket
+        self._admission = admission
+        self._failover = failover
+        self._observer = observer
+        self._clock = clock
+        self.status = RelayStatus.QUEUED
+        self.lease: Lease | None = None
+        self.token_ids: list[int] = []
+        self._chunks: list[TokenChunk] = []
+        self._advanced = asyncio.Event()
+        self.finish_reason = FinishReason.NONE
+        self.error: BaseException | None = None  # raised to readers (the request's own fault)
+        self.created_monotonic = clock()
+        self.first_token_monotonic: float | None = None
+        self.finished_monotonic: float | None = None
+        self.interruptions = 0
+        self._cancel_requested = False
+        self._interruption: Interruption | None = None
+        self._stream_task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- queries -------------------------------------------------------------------------
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def delivered_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status == RelayStatus.FINISHED
+
+    @property
+    def worker_id(self) -> str:
+        return self.lease.entry.worker_id if self.lease is not None else ""
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"relay-{self.request_id}"
+        )
+
+    async def wait_finished(self) -> None:
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    def interrupt(self, kind: InterruptionKind, detail: str) -> None:
+        """Stops reading the current worker; `_run` hands the request to the failover policy."""
+        if self.status != RelayStatus.RUNNING or self._stream_task is None:
+            return
+        self._interruption = Interruption(kind, self.worker_id, detail)
+        self._stream_task.cancel()
+
+    async def cancel(self) -> bool:
+        """Stops the request (the worker aborts it); False if it had already finished."""
+        if self.finished:
+            return False
+        self._cancel_requested = True
+        if self.status == RelayStatus.QUEUED:
+            self._admission.withdraw(self._ticket)
+            if self._task is not None:
+                self._task.cancel()
+            await asyncio.gather(*(t for t in [self._task] if t), return_exceptions=True)
+            return True
+        lease = self.lease
+        if lease is not None:
+            try:
+                await lease.entry.client.abort(self.request_id)
+            except Exception as exc:  # the worker may be gone: cut our side anyway
+                log.warning("abort of %s on %s failed: %s", self.request_id, lease.entry, exc)
+        if not self.finished and self._stream_task is not None:
+            # The worker answers an abort with a CANCELLED chunk; if it cannot, cut here.
+            done, _ = await asyncio.wait({self._stream_task}, timeout=5.0)
+            if not done:
+                self._stream_task.cancel()
+        await asyncio.gather(*(t for t in [self._task] if t), return_exceptions=True)
+        return True
+
+    async def _run(self) -> None:
+        try:
+            lease = await self._admission.wait(self._ticket)
+            self._take(lease)
+            chunks = lease.entry.client.generate(self.request)
+            while True:
+                why = await self._stream(chunks)
+                if why is None:
+                    return
+                self.interruptions += 1
+                self.status = RelayStatus.SWITCHING
+                takeover = await self._failover.take_over(
+                    self.request, self.delivered_tokens, lease, why, self.interruptions
+                )
+                lease.release()
+                lease = takeover.lease
+                self._take(lease)
+                chunks = takeover.chunks
+        except asyncio.CancelledError:
+            if self._cancel_requested:
+                self._finish(FinishReason.CANCELLED)
+            else:
+                self._finish(FinishReason.ERROR, detail="the coordinator stopped")
+            raise
+        except InvalidRequest as exc:
+            self.error = exc
+            self._finish(FinishReason.ERROR)
+        except RequestLost as exc:
+            log.error("request %s lost: %s", self.request_id, exc)
+            self._finish(FinishReason.ERROR, detail=str(exc))
+        except Exception as exc:
+            log.exception("request %s failed", self.request_id)
+            self._finish(FinishReason.ERROR, detail=f"{type(exc).__name__}: {exc}")
+        finally:
+            if self.lease is not None:
+                self.lease.release()
+            if not self.finished:
+                self._finish(FinishReason.ERROR)
+
+    def _take(self, lease: Lease) -> None:
+        self.lease = lease
+        self.status = RelayStatus.RUNNING
+        self._observer.placed(self)
+
+    async def _stream(self, chunks: AsyncIterator[TokenChunk]) -> Interruption | None:
+        """Reads one worker's stream to its end; the interruption if it did not finish."""
+        self._interruption = None
+        self._stream_task = asyncio.get_running_loop().create_task(self._consume(chunks))
+        try:
+            await self._stream_task
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._interruption is None or (task is not None and task.cancelling()):
+                self._stream_task.cancel()
+                raise
+            return self._interruption
+        except WorkerStreamBroken as exc:
+            return Interruption(InterruptionKind.STREAM_BROKEN, self.worker_id, str(exc))
+        finally:
+            await _close(chunks)
+        return None
+
+    async def _consume(self, chunks: AsyncIterator[TokenChunk]) -> None:
+        async for chunk in chunks:
+            self._ingest(chunk)
+            if self.finished:
+                return
+        raise WorkerStreamBroken(f"the stream of worker {self.worker_id} ended without a finish")
+
+    def _ingest(self, chunk: TokenChunk) -> None:
+        """Accepts the part of ``chunk`` no reader has had yet (dedupe by index)."""
+        delivered = self.delivered_tokens
+        if chunk.index > delivered and chunk.token_ids:
+            raise WorkerStreamBroken(
+                f"worker {self.worker_id} sent index {chunk.index}, expected {delivered}"
+            )
+        overlap = delivered - chunk.index
+        new_ids = chunk.token_ids[max(0, overlap) :]
+        finish = chunk.finish_reason
+        if finish == FinishReason.CANCELLED and not self._cancel_requested:
+            # Cut by the worker (drained, stopped), not by the client: the request goes on.
+            finish = FinishReason.NONE
+            if new_ids:
+                self._publish(dataclasses.replace(chunk, finish_reason=finish), delivered, new_ids)
+            raise WorkerStreamBroken(f"worker {self.worker_id} cut the request")
+        if not new_ids and chunk.event is None and not finish:
+            return
+        self._publish(chunk, delivered, new_ids)
+        if finish:
+            self._finish(finish, publish=False)
+
+    def _publish(self, chunk: TokenChunk, index: int, token_ids: tuple[int, ...]) -> None:
+        kept = TokenChunk(
+            request_id=self.request_id,
+            index=index,
+            token_ids=token_ids,
+            # A chunk cut in two loses its text: the text of the kept part alone is unknown.
+            text=chunk.text if len(token_ids) == len(chunk.token_ids) else "",
+            finish_reason=chunk.finish_reason,
+            event=chunk.event,
+            worker_id=chunk.worker_id or self.worker_id,
+        )
+        self._chunks.append(kept)
+        if token_ids:
+            if self.first_token_monotonic is None:
+                self.first_token_monotonic = self._clock()
+            self.token_ids.extend(token_ids)
+            self._observer.delivered(self, len(token_ids))
+        self._wake()
+
+    def _finish(self, reason: FinishReason, detail: str = "", publish: bool = True) -> None:
+        if self.finished:
+            return
+        if publish:
+            event = (
+                Event(EventKind.NONE, from_worker=self.worker_id, detail=detail) if detail else None
+            )
+            self._chunks.append(
+                TokenChunk(
+                    self.request_id,
+                    self.delivered_tokens,
+                    finish_reason=reason,
+                    event=event,
+                    worker_id=self.worker_id,
+                )
+            )
+        self.finish_reason = reason
+        self.status = RelayStatus.FINISHED
+        self.finished_monotonic = self._clock()
+        self._observer.finished(self)
+        self._wake()
+
+    def _wake(self) -> None:
+        self._advanced.set()
+        self._advanced = asyncio.Event()
+
+    # -- readers -------------------------------------------------------------------------
+
+    async def follow(self, from_index: int = 0) -> AsyncIterator[TokenChunk]:
+        """Every chunk from output index ``from_index`` on: the kept ones, then live ones,
+        until the finish. Raises IndexOutOfRange for an index past the end, and the
+        request's own error (InvalidRequest) if it failed with one."""
+        self._check_index(from_index)
+        cursor = 0
+        while True:
+            while cursor < len(self._chunks):
+                chunk = _from_index(self._chunks[cursor], from_index)
+                cursor += 1
+                if chunk is not None:
+                    yield chunk
+            if self.finished and cursor == len(self._chunks):
+                if self.error is not None:
+                    raise self.error
+                return
+            await self._advanced.wait()
+
+    def _check_index(self, from_index: int) -> None:
+        end = self.delivered_tokens if self.finished else self.request.sampling.max_tokens
+        if from_index > end:
+            state = "has" if self.finished else "may have at most"
+            raise IndexOutOfRange(
+                f"request {self.request_id} {state} {end} output tokens; "
+                f"cannot attach from index {from_index}"
+            )
+
+
+def _from_index(chunk: TokenChunk, from_index: int) -> TokenChunk | None:
+    """The part of a kept chunk at or after ``from_index``; None if nothing of it is."""
+    if chunk.index >= from_index:
+        return chunk
+    end = chunk.index + len(chunk.token_ids)
+    if end <= from_index:
+        if chunk.finished and end == from_index:
+            return dataclasses.replace(chunk, index=from_index, token_ids=(), text="", event=None)
+        return None
+    return dataclasses.replace(
+        chunk, index=from_index, token_ids=chunk.token_ids[from_index - chunk.index :], text=""
+    )
+
+
+async def _close(chunks: AsyncIterator[TokenChunk]) -> None:
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception as exc:  # a generator torn down mid-call may complain; nothing to do
+            log.debug("closing a worker stream: %s", exc)

@@ -1,0 +1,390 @@
+"""The coordinator's gRPC edge (`Inference`, `Control`, health, reflection) and the process
+that runs it with the HTTP front in one event loop.
+
+Proto messages stop here. Health is SERVING only while at least one worker can take a
+request (an active worker that is READY, or a ready standby admission would promote).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import grpc
+
+from coordinator.admission import Admission, AdmissionLimits
+from coordinator.config import CoordinatorConfig, check_address
+from coordinator.constants import RECORD_FLUSH_INTERVAL_SECONDS, SERVER_STOP_GRACE_SECONDS
+from coordinator.dispatcher import Dispatcher
+from coordinator.failover import FailoverPolicy
+from coordinator.heartbeat import Heartbeat
+from coordinator.http_front import HttpFront
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.prompt_tokenizer import PromptTokenizer
+from coordinator.registry import Registry, WorkerEntry, WorkerRole, WorkerState
+from coordinator.request_table import RequestTable
+from coordinator.route_records import RouteRecords
+from coordinator.routing import RoutingPolicy
+from coordinator.standby_pool import StandbyPool
+from coordinator.worker_client import WorkerClient
+from protos.convert import chunk_to_proto, sampling_from_proto, sla_from_proto
+from protos.spotinfer.v1 import (
+    common_pb2,
+    control_pb2,
+    control_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    worker_pb2,
+)
+from spotinfer.requests import SlaClass
+from spotinfer.rpc import abort_with, add_health_and_reflection, server_options, set_serving
+from spotinfer.validation import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+CONTROL_SERVICE = control_pb2.DESCRIPTOR.services_by_name["Control"].full_name
+SERVICE_NAMES = (INFERENCE_SERVICE, CONTROL_SERVICE)
+
+# Default notice lead times when a drill does not give one (see DESIGN.md).
+_NOTICE_SECONDS_BY_CLOUD = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+
+_ROLE_TO_PROTO = {
+    WorkerRole.ACTIVE: control_pb2.WORKER_ROLE_ACTIVE,
+    WorkerRole.STANDBY: control_pb2.WORKER_ROLE_STANDBY,
+}
+_STATE_TO_PROTO = {
+    WorkerState.STARTING: control_pb2.WORKER_STATE_STARTING,
+    WorkerState.READY: control_pb2.WORKER_STATE_READY,
+    WorkerState.DRAINING: control_pb2.WORKER_STATE_DRAINING,
+    WorkerState.PREEMPTED: control_pb2.WORKER_STATE_PREEMPTED,
+    WorkerState.MIGRATING: control_pb2.WORKER_STATE_MIGRATING,
+    WorkerState.RECOVERING: control_pb2.WORKER_STATE_RECOVERING,
+    WorkerState.LOST: control_pb2.WORKER_STATE_LOST,
+    WorkerState.STOPPED: control_pb2.WORKER_STATE_STOPPED,
+}
+_SLA_TO_PROTO = {
+    SlaClass.INTERACTIVE: common_pb2.SLA_CLASS_INTERACTIVE,
+    SlaClass.BATCH: common_pb2.SLA_CLASS_BATCH,
+}
+
+
+class InferenceService(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    async def Generate(  # noqa: N802 - gRPC method name
+        self, request: common_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        try:
+            relay = self._dispatcher.existing(request.request_id)
+            if relay is None:
+                prompt_ids = self._dispatcher.prompt_ids(request.prompt, request.prompt_token_ids)
+                relay = self._dispatcher.submit(
+                    request.request_id,
+                    prompt_ids,
+                    sampling_from_proto(request.sampling),
+                    sla_from_proto(request.sla_class),
+                )
+            async for chunk in relay.follow(0):
+                yield chunk_to_proto(chunk)
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # mapped to a status in one place
+            await abort_with(context, exc)
+
+    async def Attach(  # noqa: N802
+        self, request: inference_pb2.AttachRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        try:
+            async for chunk in self._dispatcher.attach(request.request_id, request.from_index):
+                yield chunk_to_proto(chunk)
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            await abort_with(context, exc)
+
+    async def Cancel(  # noqa: N802
+        self, request: inference_pb2.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.CancelResponse:
+        try:
+            cancelled, generated = await self._dispatcher.cancel(request.request_id)
+        except Exception as exc:
+            await abort_with(context, exc)
+            raise  # unreachable: abort raises
+        return inference_pb2.CancelResponse(cancelled=cancelled, generated_tokens=generated)
+
+
+class ControlService(control_pb2_grpc.ControlServicer):
+    def __init__(
+        self,
+        registry: Registry,
+        admission: Admission,
+        dispatcher: Dispatcher,
+        pool: StandbyPool,
+        on_registered: Callable[[WorkerEntry], None],
+    ) -> None:
+        self._registry = registry
+        self._admission = admission
+        self._dispatcher = dispatcher
+        self._pool = pool
+        self._on_registered = on_registered
+
+    def _worker_info(self, entry: WorkerEntry) -> control_pb2.WorkerInfo:
+        info = control_pb2.WorkerInfo(
+            worker_id=entry.worker_id,
+            address=entry.address,
+            role=_ROLE_TO_PROTO[entry.role],
+            state=_STATE_TO_PROTO[entry.state],
+            last_heartbeat_unix=entry.last_heartbeat_unix,
+        )
+        c = entry.capacity
+        if c is not None:
+            info.stats.CopyFrom(
+                worker_pb2.WorkerStats(
+                    worker_id=c.worker_id,
+                    ready=c.ready,
+                    draining=c.draining,
+                    degraded=c.degraded,
+                    running_seqs=c.running_seqs,
+                    waiting_seqs=c.waiting_seqs,
+                    kv_blocks_total=c.kv_blocks_total,
+                    kv_blocks_used=c.kv_blocks_total - c.kv_blocks_free,
+                    kv_blocks_free=c.kv_blocks_free,
+                    kv_block_tokens=c.kv_block_tokens,
+                    tokens_per_second=c.tokens_per_second,
+                    max_num_seqs=c.max_num_seqs,
+                    max_model_len=c.max_model_len,
+                    model=c.model,
+                )
+            )
+        return info
+
+    async def ListWorkers(  # noqa: N802
+        self, request: control_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.ListWorkersResponse:
+        return control_pb2.ListWorkersResponse(
+            workers=[self._worker_info(e) for e in self._registry]
+        )
+
+    async def RegisterWorker(  # noqa: N802
+        self, request: control_pb2.RegisterWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.RegisterWorkerResponse:
+        try:
+            try:
+                check_address(request.address)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from exc
+            role = (
+                WorkerRole.STANDBY
+                if request.role == control_pb2.WORKER_ROLE_STANDBY
+                else WorkerRole.ACTIVE
+            )
+            entry, known = self._registry.add(request.address, role, request.worker_id)
+        except Exception as exc:
+            await abort_with(context, exc)
+            raise
+        if not known:
+            self._on_registered(entry)
+        return control_pb2.RegisterWorkerResponse(
+            worker_id=entry.worker_id, already_registered=known
+        )
+
+    async def Drain(  # noqa: N802
+        self, request: control_pb2.DrainWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.DrainWorkerResponse:
+        try:
+            entry = self._registry.find(request.worker_id)
+            self._registry.request_drain(entry)
+            in_flight = await entry.client.drain(request.grace_seconds)
+        except Exception as exc:
+            await abort_with(context, exc)
+            raise
+        return control_pb2.DrainWorkerResponse(in_flight=in_flight)
+
+    async def InjectNotice(  # noqa: N802
+        self, request: control_pb2.InjectNoticeRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.InjectNoticeResponse:
+        """For drills. The worker stops taking new requests at once; what happens to its
+        requests is the failover policy's call. (Forwarding to the worker's context daemon,
+        which flushes and migrates KV, comes with the daemon's service.)"""
+        try:
+            entry = self._registry.find(request.worker_id)
+            grace = request.grace_seconds or _NOTICE_SECONDS_BY_CLOUD.get(request.cloud, 30.0)
+            if request.kind != control_pb2.NOTICE_KIND_REBALANCE:
+                log.warning("termination notice for %s: %.0f s", entry.worker_id, grace)
+                self._registry.set_orchestrated_state(entry, WorkerState.PREEMPTED)
+        except Exception as exc:
+            await abort_with(context, exc)
+            raise
+        return control_pb2.InjectNoticeResponse(deadline_unix=time.time() + grace)
+
+    async def ClusterStatus(  # noqa: N802
+        self, request: control_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.ClusterStatusResponse:
+        queues = [
+            control_pb2.QueueStatus(
+                sla_class=_SLA_TO_PROTO[sla],
+                depth=self._admission.depth(sla),
+                capacity=self._admission.capacity(sla),
+                running=self._admission.running(sla),
+            )
+            for sla in SlaClass
+        ]
+        return control_pb2.ClusterStatusResponse(
+            workers=[self._worker_info(e) for e in self._registry],
+            queues=queues,
+            in_flight=self._dispatcher.in_flight,
+            standbys_ready=self._pool.ready,
+        )
+
+
+class Coordinator:
+    """Every part of one coordinator, wired together (dependencies through constructors)."""
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.metrics = CoordinatorMetrics()
+        self.registry = Registry(
+            config.lost_after_seconds,
+            lambda address: WorkerClient(address, config.max_message_bytes),
+        )
+        self.pool = StandbyPool(self.registry, config.standby_pool_size)
+        limits = AdmissionLimits(
+            queue_capacity={
+                SlaClass.INTERACTIVE: config.interactive_queue_capacity,
+                SlaClass.BATCH: config.batch_queue_capacity,
+            },
+            max_seqs_per_worker=config.max_seqs_per_worker,
+            class_cap_per_worker={
+                SlaClass.INTERACTIVE: config.interactive_max_per_worker,
+                SlaClass.BATCH: config.batch_max_per_worker,
+            },
+            retry_after_ms=config.retry_after_ms,
+        )
+        self.admission = Admission(
+            self.registry,
+            RoutingPolicy.create(config.routing_policy),
+            self.pool,
+            limits,
+            on_change=self._update_queue_metrics,
+        )
+        self.records = (
+            RouteRecords.from_url(
+                config.redis_url, config.record_ttl_seconds, RECORD_FLUSH_INTERVAL_SECONDS
+            )
+            if config.redis_url
+            else None
+        )
+        self.dispatcher = Dispatcher(
+            config.coordinator_id,
+            self.registry,
+            self.admission,
+            FailoverPolicy.create(config.failover_policy, self.admission),
+            RequestTable(config.retention_seconds),
+            PromptTokenizer(config.model),
+            self.metrics,
+            self.records,
+        )
+        self.heartbeat = Heartbeat(
+            self.registry, config.heartbeat_interval_seconds, after_beat=self._after_beat
+        )
+        self.http = HttpFront(self.dispatcher, self.metrics, config.model_name)
+        for address in config.workers:
+            self.registry.add(address, WorkerRole.ACTIVE)
+        for address in config.standbys:
+            self.registry.add(address, WorkerRole.STANDBY)
+        for sla in SlaClass:
+            self.metrics.queue_capacity.labels(sla.name).set(self.admission.capacity(sla))
+
+    def _update_queue_metrics(self) -> None:
+        for sla in SlaClass:
+            self.metrics.queue_depth.labels(sla.name).set(self.admission.depth(sla))
+
+    def _after_beat(self) -> None:
+        self.admission.pump()
+        self.pool.check()
+        self.metrics.workers.clear()
+        for entry in self.registry:
+            self.metrics.workers.labels(entry.role.value, entry.state.value).inc()
+        self.metrics.standbys_ready.set(self.pool.ready)
+
+    def serving(self) -> bool:
+        return bool(self.registry.routable() or self.registry.ready_standbys())
+
+    async def registered(self, entry: WorkerEntry) -> None:
+        """A new worker: ask its Stats now rather than at the next beat."""
+        await self.heartbeat.beat()
+
+
+async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) -> int:
+    """Runs the coordinator until SIGTERM/SIGINT (or `stop`). Returns an exit code."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    coordinator = Coordinator(config)
+    await asyncio.to_thread(coordinator.dispatcher.tokenizer.load)
+    server = grpc.aio.server(options=server_options(config.max_message_bytes))
+    health = add_health_and_reflection(server, SERVICE_NAMES)
+    serving_now: list[bool] = []
+
+    async def update_health() -> None:
+        serving = coordinator.serving()
+        if serving_now != [serving]:
+            serving_now[:] = [serving]
+            await set_serving(health, SERVICE_NAMES, serving)
+
+    background: set[asyncio.Task[None]] = set()
+
+    def spawn(coro: Coroutine[Any, Any, None]) -> None:
+        task = loop.create_task(coro)
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    coordinator.registry.subscribe(lambda *_: spawn(update_health()))
+    inference_pb2_grpc.add_InferenceServicer_to_server(
+        InferenceService(coordinator.dispatcher), server
+    )
+    control_pb2_grpc.add_ControlServicer_to_server(
+        ControlService(
+            coordinator.registry,
+            coordinator.admission,
+            coordinator.dispatcher,
+            coordinator.pool,
+            on_registered=lambda entry: spawn(coordinator.registered(entry)),
+        ),
+        server,
+    )
+    await set_serving(health, SERVICE_NAMES, False)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    await server.start()
+    http_port = (
+        await coordinator.http.start(config.host, config.http_port) if config.serve_http else 0
+    )
+    coordinator.heartbeat.start()
+    coordinator.dispatcher.start()
+    if coordinator.records is not None:
+        coordinator.records.start()
+    # One line a launcher can wait for, also when the ports were picked by the OS.
+    print(
+        f"spotinfer coordinator {config.coordinator_id} listening on {config.host}:{port}"
+        + (f" (http {config.host}:{http_port})" if config.serve_http else ""),
+        flush=True,
+    )
+    await stop.wait()
+
+    await set_serving(health, SERVICE_NAMES, False)
+    await coordinator.heartbeat.stop()
+    await coordinator.http.stop()
+    await server.stop(SERVER_STOP_GRACE_SECONDS)
+    await coordinator.dispatcher.stop()
+    if coordinator.records is not None:
+        await coordinator.records.stop()
+    await coordinator.registry.close()
+    return 0

@@ -1,0 +1,128 @@
+"""The coordinator's side of one worker's `spotinfer.v1.Worker` service.
+
+Like `server.py`, this is an edge: proto messages and gRPC errors stop here. A stream that
+ends without a finish, or fails for a reason that is not the request's own fault, becomes
+`WorkerStreamBroken`, which the relay hands to its failover policy; a refusal caused by the
+request itself (INVALID_ARGUMENT) becomes `InvalidRequest` for the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from coordinator.constants import ABORT_TIMEOUT_SECONDS, STATS_TIMEOUT_SECONDS
+from coordinator.errors import WorkerStreamBroken
+from protos.convert import chunk_from_proto, sampling_to_proto
+from protos.spotinfer.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from spotinfer.requests import GenerationRequest, SlaClass, TokenChunk
+from spotinfer.validation import InvalidRequest
+
+
+@dataclass(frozen=True)
+class WorkerCapacity:
+    """One heartbeat: what a worker reported in its last Stats."""
+
+    worker_id: str
+    ready: bool
+    draining: bool
+    degraded: bool
+    running_seqs: int
+    waiting_seqs: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_block_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    model: str
+    tokens_per_second: float
+
+
+class WorkerClient:
+    """One channel to one worker. Not thread-safe: use from the coordinator's event loop."""
+
+    def __init__(self, address: str, max_message_bytes: int) -> None:
+        self.address = address
+        self._channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+            ],
+        )
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def stats(self) -> WorkerCapacity:
+        """Raises grpc.aio.AioRpcError when the worker does not answer in time."""
+        msg = await self._stub.Stats(worker_pb2.StatsRequest(), timeout=STATS_TIMEOUT_SECONDS)
+        return WorkerCapacity(
+            worker_id=msg.worker_id,
+            ready=msg.ready,
+            draining=msg.draining,
+            degraded=msg.degraded,
+            running_seqs=msg.running_seqs,
+            waiting_seqs=msg.waiting_seqs,
+            kv_blocks_total=msg.kv_blocks_total,
+            kv_blocks_free=msg.kv_blocks_free,
+            kv_block_tokens=msg.kv_block_tokens,
+            max_num_seqs=msg.max_num_seqs,
+            max_model_len=msg.max_model_len,
+            model=msg.model,
+            tokens_per_second=msg.tokens_per_second,
+        )
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        msg = common_pb2.GenerateRequest(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            sampling=sampling_to_proto(request.sampling),
+            sla_class=(
+                common_pb2.SLA_CLASS_BATCH
+                if request.sla_class == SlaClass.BATCH
+                else common_pb2.SLA_CLASS_INTERACTIVE
+            ),
+        )
+        return self._follow(self._stub.Generate(msg))
+
+    def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
+        """Worker.Resume: the rest of a request from its persisted state, from ``from_index``."""
+        msg = worker_pb2.ResumeRequest(request_id=request_id, from_index=from_index)
+        return self._follow(self._stub.Resume(msg))
+
+    async def _follow(
+        self, call: grpc.aio.UnaryStreamCall[object, common_pb2.GenerateResponse]
+    ) -> AsyncIterator[TokenChunk]:
+        try:
+            async for msg in call:
+                yield chunk_from_proto(msg)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidRequest(exc.details() or "invalid request") from exc
+            raise WorkerStreamBroken(
+                f"worker {self.address}: {exc.code().name}: {exc.details()}"
+            ) from exc
+        finally:
+            call.cancel()
+
+    async def abort(self, request_id: str) -> bool:
+        """Asks the worker to stop the request; False when it no longer runs there."""
+        try:
+            await self._stub.Abort(
+                worker_pb2.AbortRequest(request_id=request_id), timeout=ABORT_TIMEOUT_SECONDS
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def drain(self, grace_seconds: float) -> int:
+        response = await self._stub.Drain(
+            worker_pb2.DrainRequest(grace_seconds=grace_seconds), timeout=ABORT_TIMEOUT_SECONDS
+        )
+        return int(response.in_flight)

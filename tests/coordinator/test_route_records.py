@@ -1,0 +1,70 @@
+"""With --redis-url, the coordinator keeps a record of each request in Redis (owner worker,
+status, tokens delivered) — what a restarted coordinator will look up."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from context_daemon.store.keys import request_route_key
+from coordinator.local_process import CoordinatorProcess
+from spotinfer.local.worker_process import WorkerProcess
+from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy, start_coordinator
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def recording(
+    workers: list[WorkerProcess],
+    redis_server: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[CoordinatorProcess]:
+    process = start_coordinator(
+        "--worker",
+        workers[1].address,
+        "--redis-url",
+        redis_server.url,
+        "--coordinator-id",
+        "c-test",
+        log_dir=tmp_path_factory.mktemp("recording-logs"),
+    )
+    yield process
+    process.stop()
+
+
+def _record(redis_server: RedisServer, request_id: str) -> dict[str, str]:
+    client = redis.Redis(host=redis_server.host, port=redis_server.port)
+    try:
+        fields: dict[bytes, bytes] = client.hgetall(request_route_key(request_id))  # type: ignore[assignment]
+        return {k.decode(): v.decode() for k, v in fields.items()}
+    finally:
+        client.close()
+
+
+def test_finished_request_is_recorded(
+    recording: CoordinatorProcess, redis_server: RedisServer
+) -> None:
+    responses = list(
+        recording.inference.Generate(greedy([5, 17, 42], 9, "recorded"), timeout=TIMEOUT_SECONDS)
+    )
+    assert len(assemble(responses)) == 9
+    deadline = time.monotonic() + 10
+    record = _record(redis_server, "recorded")
+    while record.get("status") != "finished" and time.monotonic() < deadline:
+        time.sleep(0.1)  # records are written behind the stream
+        record = _record(redis_server, "recorded")
+    assert record["status"] == "finished"
+    assert record["finish_reason"] == "LENGTH"
+    assert record["delivered_length"] == "9"
+    assert record["owner_worker_id"] == "w1"
+    assert record["coordinator_id"] == "c-test"
+    assert record["sla_class"] == "INTERACTIVE"
