@@ -148,11 +148,19 @@ class Admission:
         else:
             ticket.future.cancel()
 
+    def suspect(self, entry: WorkerEntry) -> None:
+        """A stream of ``entry`` broke: nothing new goes there until it answers again."""
+        self._registry.suspect(entry)
+
     def place_elsewhere(self, request: GenerationRequest, exclude: frozenset[str]) -> Lease | None:
         """A slot for a request that was already admitted and lost its worker: any routable
         worker but ``exclude`` (addresses), caps ignored — dropping an accepted request is
         worse than one sequence over a cap — promoting a standby when none is left."""
-        candidates = [e for e in self._registry.routable() if e.address not in exclude]
+        candidates = [
+            e
+            for e in self._registry.routable()
+            if e.address not in exclude and e.suspect_since_monotonic is None
+        ]
         if not candidates:
             promoted = self._pool.promote_one(exclude)
             candidates = [promoted] if promoted is not None else []
@@ -193,7 +201,11 @@ class Admission:
         return not class_cap or entry.in_flight[sla] < class_cap
 
     def _place(self, request: GenerationRequest) -> Lease | None:
-        candidates = [e for e in self._registry.routable() if self._has_room(e, request.sla_class)]
+        candidates = [
+            e
+            for e in self._registry.routable()
+            if e.suspect_since_monotonic is None and self._has_room(e, request.sla_class)
+        ]
         if not candidates:
             return None
         return self._lease(request, self._policy.choose(request, candidates))

@@ -24,6 +24,7 @@ from coordinator.constants import (
     DEFAULT_INTERACTIVE_QUEUE_CAPACITY,
     DEFAULT_LOST_AFTER_SECONDS,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_RECORD_RETENTION_SECONDS,
     DEFAULT_RECORD_TTL_SECONDS,
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_RETRY_AFTER_MS,
@@ -123,7 +124,11 @@ class CoordinatorConfig:
     )
     record_ttl_seconds: int = field(
         default=DEFAULT_RECORD_TTL_SECONDS,
-        metadata={"help": "lifetime of a request record in Redis"},
+        metadata={"help": "lifetime of a running request's record in Redis"},
+    )
+    record_retention_seconds: float = field(
+        default=DEFAULT_RECORD_RETENTION_SECONDS,
+        metadata={"help": "how long a finished request's record stays in Redis"},
     )
     max_message_bytes: int = field(
         default=DEFAULT_MAX_MESSAGE_BYTES, metadata={"help": "largest gRPC message accepted"}
@@ -156,6 +161,8 @@ class CoordinatorConfig:
             )
         if self.retention_seconds < 0:
             raise ValueError("retention_seconds must not be negative")
+        if self.record_retention_seconds <= 0:
+            raise ValueError("record_retention_seconds must be positive")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be at least 1024")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):

@@ -32,11 +32,17 @@ RETENTION_SWEEP_INTERVAL_SECONDS = 1.0
 ABORT_TIMEOUT_SECONDS = 5.0
 DEFAULT_ROUTING_POLICY = "least-loaded"
 DEFAULT_FAILOVER_POLICY = "fail"
+# Tokens decoded before a span whose text the relay must rebuild (a reader attaching inside a
+# chunk): enough for any tokenizer's merge of leading spaces and split characters.
+SPAN_CONTEXT_TOKENS = 8
 
 # --- request records in Redis -----------------------------------------------------------------
 # Delivered lengths are written behind, batched, at most this often.
 RECORD_FLUSH_INTERVAL_SECONDS = 0.2
 DEFAULT_RECORD_TTL_SECONDS = 6 * 3600
+# A finished request's record stays this long (a replica or a late Attach may still look it
+# up), then Redis drops it: a drill checks that nothing of a finished request is left.
+DEFAULT_RECORD_RETENTION_SECONDS = 60.0
 
 # --- HTTP front -------------------------------------------------------------------------------
 DEFAULT_HTTP_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

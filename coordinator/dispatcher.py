@@ -121,7 +121,7 @@ class Dispatcher:
         except ValueError:
             self._metrics.rejected.labels("invalid").inc()
             raise
-        relay = Relay(request, ticket, self._admission, self._failover, self)
+        relay = Relay(request, ticket, self._admission, self._failover, self, self.tokenizer)
         self._table.add(relay)
         self._metrics.in_flight.inc()
         self._note(relay)

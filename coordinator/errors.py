@@ -10,6 +10,7 @@ __all__ = [
     "IndexOutOfRange",
     "InvalidRequest",
     "NoWorkerAvailable",
+    "NothingPersisted",
     "QueueFull",
     "RequestLost",
     "UnknownRequest",
@@ -63,6 +64,11 @@ class WorkerStreamBroken(RuntimeError):
 
     Never reaches a client: the relay hands it to its failover policy.
     """
+
+
+class NothingPersisted(WorkerStreamBroken):
+    """Worker.Resume found no record of the request in the store (NOT_FOUND): the lost worker
+    never got it, or died before it wrote anything. Never reaches a client."""
 
 
 class RequestLost(RuntimeError):

@@ -11,7 +11,8 @@ source repeats is dropped and the client still sees 0..n-1 once each.
 Policies register by name (`--failover-policy`):
 - ``fail``: the request ends with FinishReason.ERROR (workers without persistence);
 - ``resume``: another worker continues it from the persisted state with Worker.Resume (needs
-  workers running with `--redis-url`). On a notice the source is stopped first; a full
+  workers running with `--redis-url`); a request of which the store holds nothing and the
+  client has no token yet (the lost worker never started it) starts afresh there. On a notice the source is stopped first; a full
   multi-stage live migration (pre-allocate on the standby, copy while decoding, pause at an
   iteration boundary) is a policy still to come, plugged in here.
 """
@@ -28,7 +29,7 @@ from typing import ClassVar
 import grpc
 
 from coordinator.admission import Admission, Lease
-from coordinator.errors import RequestLost
+from coordinator.errors import NothingPersisted, RequestLost
 from spotinfer.requests import GenerationRequest, TokenChunk
 
 log = logging.getLogger(__name__)
@@ -147,4 +148,25 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
             lease.entry.worker_id,
             delivered_tokens,
         )
-        return Takeover(lease, lease.entry.client.resume(request.request_id, delivered_tokens))
+        return Takeover(lease, _resume_or_start(lease, request, delivered_tokens))
+
+
+async def _resume_or_start(
+    lease: Lease, request: GenerationRequest, delivered_tokens: int
+) -> AsyncIterator[TokenChunk]:
+    """Worker.Resume; when the store has no record and the client has no token yet (the lost
+    worker never started the request), a plain Generate on the new worker instead."""
+    client = lease.entry.client
+    try:
+        async for chunk in client.resume(request.request_id, delivered_tokens):
+            yield chunk
+        return
+    except NothingPersisted:
+        if delivered_tokens:
+            raise RequestLost(
+                f"request {request.request_id}: {delivered_tokens} tokens were delivered but "
+                "the store holds no record of it (its worker ran without --redis-url?)"
+            ) from None
+    log.warning("request %s: nothing persisted; starting it afresh", request.request_id)
+    async for chunk in client.generate(request):
+        yield chunk

@@ -48,12 +48,13 @@ class Heartbeat:
         self._after_beat()
 
     async def _ask(self, entry: WorkerEntry) -> None:
+        asked_monotonic = self._registry.now()
         try:
             capacity = await entry.client.stats()
         except grpc.aio.AioRpcError as exc:
             log.debug("worker %s did not answer Stats: %s", entry.worker_id, exc.code().name)
             return
-        self._registry.record_heartbeat(entry, capacity)
+        self._registry.record_heartbeat(entry, capacity, asked_monotonic)
 
     async def _loop(self) -> None:
         while True:

@@ -106,7 +106,9 @@ class HttpFront:
 
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host:port`` (0: a free port); returns the port."""
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        # A client that hangs up cancels its handler: a request it left in the queue then
+        # leaves the queue too (see Relay.follow).
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
@@ -151,7 +153,9 @@ class HttpFront:
         shape = _ChatShape if chat else _CompletionShape
         reply = shape(completion_id, self._model_name, len(relay.request.prompt_token_ids))
         if stream:
-            return await self._stream(request, relay.follow(0), reply)
+            options = body.get("stream_options") or {}
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            return await self._stream(request, relay.follow(0), reply, include_usage)
         try:
             async for chunk in relay.follow(0):
                 reply.add(chunk)
@@ -200,8 +204,14 @@ class HttpFront:
         )
 
     async def _stream(
-        self, request: web.Request, chunks: AsyncIterator[TokenChunk], reply: _Shape
+        self,
+        request: web.Request,
+        chunks: AsyncIterator[TokenChunk],
+        reply: _Shape,
+        include_usage: bool,
     ) -> web.StreamResponse:
+        """SSE events, one per chunk that carries text or the finish; with
+        `stream_options.include_usage`, OpenAI's last event: no choices, the token counts."""
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -218,6 +228,9 @@ class HttpFront:
         except Exception as exc:
             error = http_error_for(exc)
             await _send_event(response, {"error": {"message": str(error), "type": error.kind}})
+        else:
+            if include_usage:
+                await _send_event(response, reply.usage_event())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -271,6 +284,8 @@ def _float(body: dict[str, Any], name: str, default: float) -> float:
 class _Shape:
     """How one endpoint's answer is built from the relay's chunks."""
 
+    stream_object = ""
+
     def __init__(self, completion_id: str, model: str, prompt_tokens: int) -> None:
         self.id = completion_id
         self.model = model
@@ -296,6 +311,16 @@ class _Shape:
     def opening(self) -> list[dict[str, Any]]:
         return []
 
+    def usage_event(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.stream_object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": self.usage(),
+        }
+
     def delta(self, chunk: TokenChunk) -> dict[str, Any] | None:
         raise NotImplementedError
 
@@ -304,6 +329,8 @@ class _Shape:
 
 
 class _CompletionShape(_Shape):
+    stream_object = "text_completion"
+
     def delta(self, chunk: TokenChunk) -> dict[str, Any] | None:
         self.add(chunk)
         if not chunk.text and not chunk.finished:
@@ -336,6 +363,8 @@ class _CompletionShape(_Shape):
 
 
 class _ChatShape(_Shape):
+    stream_object = "chat.completion.chunk"
+
     def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         return {
             "id": self.id,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from coordinator.constants import SPAN_CONTEXT_TOKENS
 from spotinfer.validation import InvalidRequest
 
 
@@ -54,3 +55,21 @@ class PromptTokenizer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._require("text output").decode(list(token_ids)))
+
+    def span(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], start: int, end: int
+    ) -> str | None:
+        """The text output tokens ``start``..``end`` add after the tokens before them (None
+        without a tokenizer). Decoded after a few tokens of context, not alone: a token's
+        leading space, or a character split over two tokens, depends on what precedes it."""
+        if self._tokenizer is None:
+            return None
+        if end <= start:
+            return ""
+        before = [*prompt_ids, *output_ids[:start]][-SPAN_CONTEXT_TOKENS:]
+        span = list(output_ids[start:end])
+        prefix = self._tokenizer.decode(before, skip_special_tokens=True)
+        whole = self._tokenizer.decode(before + span, skip_special_tokens=True)
+        if whole.startswith(prefix):
+            return str(whole[len(prefix) :])
+        return str(self._tokenizer.decode(span, skip_special_tokens=True))

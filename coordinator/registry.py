@@ -71,6 +71,9 @@ class WorkerEntry:
     in_flight: dict[SlaClass, int] = field(default_factory=lambda: dict.fromkeys(SlaClass, 0))
     reserved_kv_blocks: int = 0
     """KV blocks the requests placed here may grow to (prompt + max_tokens each)."""
+    suspect_since_monotonic: float | None = None
+    """When a stream from this worker broke; it takes no new request until a heartbeat asked
+    after that moment answers (a killed worker is not LOST until lost_after_seconds)."""
 
     @property
     def in_flight_total(self) -> int:
@@ -169,7 +172,17 @@ class Registry:
                 return entry
         raise UnknownWorker(worker_id_or_address)
 
-    def record_heartbeat(self, entry: WorkerEntry, capacity: WorkerCapacity) -> None:
+    def now(self) -> float:
+        return self._clock()
+
+    def record_heartbeat(
+        self, entry: WorkerEntry, capacity: WorkerCapacity, asked_monotonic: float
+    ) -> None:
+        """A Stats answer to a call made at ``asked_monotonic``."""
+        suspect_since = entry.suspect_since_monotonic
+        if suspect_since is not None and asked_monotonic >= suspect_since:
+            log.info("worker %s answers again; it takes requests", entry.worker_id)
+            entry.suspect_since_monotonic = None
         entry.capacity = capacity
         entry.last_heartbeat_monotonic = self._clock()
         entry.last_heartbeat_unix = time.time()
@@ -181,6 +194,15 @@ class Registry:
         assert state is None or state in ORCHESTRATED_STATES
         entry.orchestrated_state = state
         self.refresh()
+
+    def suspect(self, entry: WorkerEntry) -> None:
+        """A stream from ``entry`` broke: route nothing new to it until it answers a heartbeat.
+        Its other requests are left alone (a single stream may break on a healthy worker)."""
+        if entry.suspect_since_monotonic is None:
+            log.warning(
+                "worker %s: a stream broke; no new requests until it answers", entry.worker_id
+            )
+        entry.suspect_since_monotonic = self._clock()
 
     def request_drain(self, entry: WorkerEntry) -> None:
         entry.drain_requested = True
@@ -209,7 +231,8 @@ class Registry:
             listener(entry, old, new)
 
     def routable(self) -> list[WorkerEntry]:
-        """Workers that take new requests: ACTIVE and READY."""
+        """Workers that take new requests: ACTIVE and READY (admission also passes over a
+        suspect one for now)."""
         return [
             e
             for e in self._entries.values()

@@ -20,7 +20,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from coordinator.admission import Admission, Lease, Ticket
@@ -49,6 +49,17 @@ class RelayObserver(Protocol):
     def finished(self, relay: Relay) -> None: ...
 
 
+class TokenTexts(Protocol):
+    """Decodes output tokens (the coordinator's tokenizer, see prompt_tokenizer.py)."""
+
+    def span(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], start: int, end: int
+    ) -> str | None:
+        """The text that output tokens ``start``..``end`` add after the ones before them;
+        None when there is no tokenizer."""
+        ...
+
+
 class Relay:
     """One request. Create, then `start()`; read with `follow(from_index)`."""
 
@@ -59,6 +70,7 @@ class Relay:
         admission: Admission,
         failover: FailoverPolicy,
         observer: RelayObserver,
+        texts: TokenTexts,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.request = request
@@ -66,6 +78,7 @@ class Relay:
         self._admission = admission
         self._failover = failover
         self._observer = observer
+        self._texts = texts
         self._clock = clock
         self.status = RelayStatus.QUEUED
         self.lease: Lease | None = None
@@ -79,6 +92,7 @@ class Relay:
         self.finished_monotonic: float | None = None
         self.interruptions = 0
         self._cancel_requested = False
+        self._readers = 0
         self._interruption: Interruption | None = None
         self._stream_task: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -155,6 +169,8 @@ class Relay:
                     return
                 self.interruptions += 1
                 self.status = RelayStatus.SWITCHING
+                if why.kind == InterruptionKind.STREAM_BROKEN:
+                    self._admission.suspect(lease.entry)
                 takeover = await self._failover.take_over(
                     self.request, self.delivered_tokens, lease, why, self.interruptions
                 )
@@ -236,12 +252,12 @@ class Relay:
             self._finish(finish, publish=False)
 
     def _publish(self, chunk: TokenChunk, index: int, token_ids: tuple[int, ...]) -> None:
+        whole = len(token_ids) == len(chunk.token_ids)
         kept = TokenChunk(
             request_id=self.request_id,
             index=index,
             token_ids=token_ids,
-            # A chunk cut in two loses its text: the text of the kept part alone is unknown.
-            text=chunk.text if len(token_ids) == len(chunk.token_ids) else "",
+            text=chunk.text if whole else self._tail_text(chunk, index, self.token_ids),
             finish_reason=chunk.finish_reason,
             event=chunk.event,
             worker_id=chunk.worker_id or self.worker_id,
@@ -285,20 +301,47 @@ class Relay:
     async def follow(self, from_index: int = 0) -> AsyncIterator[TokenChunk]:
         """Every chunk from output index ``from_index`` on: the kept ones, then live ones,
         until the finish. Raises IndexOutOfRange for an index past the end, and the
-        request's own error (InvalidRequest) if it failed with one."""
+        request's own error (InvalidRequest) if it failed with one.
+
+        A request still queued when its last reader goes (the client hung up, its deadline
+        passed) leaves the queue: nobody would read what it produced. Once running, it runs
+        on and stays attachable."""
         self._check_index(from_index)
-        cursor = 0
-        while True:
-            while cursor < len(self._chunks):
-                chunk = _from_index(self._chunks[cursor], from_index)
-                cursor += 1
-                if chunk is not None:
-                    yield chunk
-            if self.finished and cursor == len(self._chunks):
-                if self.error is not None:
-                    raise self.error
-                return
-            await self._advanced.wait()
+        self._readers += 1
+        try:
+            cursor = 0
+            while True:
+                while cursor < len(self._chunks):
+                    chunk = self._slice(self._chunks[cursor], from_index)
+                    cursor += 1
+                    if chunk is not None:
+                        yield chunk
+                if self.finished and cursor == len(self._chunks):
+                    if self.error is not None:
+                        raise self.error
+                    return
+                await self._advanced.wait()
+        finally:
+            self._readers -= 1
+            if not self._readers and self.status == RelayStatus.QUEUED:
+                self._abandon()
+
+    def _abandon(self) -> None:
+        """Takes a queued request out of its queue and ends it as CANCELLED (synchronous:
+        it runs while a reader's generator is being closed)."""
+        log.info("request %s: no reader left while queued; withdrawn", self.request_id)
+        self._cancel_requested = True
+        self._admission.withdraw(self._ticket)
+        if self._task is not None:
+            self._task.cancel()
+
+    def _slice(self, chunk: TokenChunk, from_index: int) -> TokenChunk | None:
+        return slice_chunk(
+            chunk, from_index, self.request.prompt_token_ids, self.token_ids, self._texts
+        )
+
+    def _tail_text(self, chunk: TokenChunk, from_index: int, output_ids: list[int]) -> str:
+        return tail_text(chunk, from_index, self.request.prompt_token_ids, output_ids, self._texts)
 
     def _check_index(self, from_index: int) -> None:
         end = self.delivered_tokens if self.finished else self.request.sampling.max_tokens
@@ -310,8 +353,16 @@ class Relay:
             )
 
 
-def _from_index(chunk: TokenChunk, from_index: int) -> TokenChunk | None:
-    """The part of a kept chunk at or after ``from_index``; None if nothing of it is."""
+def slice_chunk(
+    chunk: TokenChunk,
+    from_index: int,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    texts: TokenTexts,
+) -> TokenChunk | None:
+    """The part of a kept chunk at or after output index ``from_index``, with the text of
+    just those tokens; None if nothing of it is. ``output_ids`` holds the request's output
+    at least up to the chunk's start."""
     if chunk.index >= from_index:
         return chunk
     end = chunk.index + len(chunk.token_ids)
@@ -320,8 +371,30 @@ def _from_index(chunk: TokenChunk, from_index: int) -> TokenChunk | None:
             return dataclasses.replace(chunk, index=from_index, token_ids=(), text="", event=None)
         return None
     return dataclasses.replace(
-        chunk, index=from_index, token_ids=chunk.token_ids[from_index - chunk.index :], text=""
+        chunk,
+        index=from_index,
+        token_ids=chunk.token_ids[from_index - chunk.index :],
+        text=tail_text(chunk, from_index, prompt_ids, output_ids, texts),
     )
+
+
+def tail_text(
+    chunk: TokenChunk,
+    from_index: int,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    texts: TokenTexts,
+) -> str:
+    """The text of ``chunk``'s tokens from ``from_index`` on: what the chunk's own text holds
+    after the text of its tokens before that index — so that a reader who joins mid-chunk,
+    or a switch that repeats part of a chunk, gets exactly the text of the tokens it is
+    given. Decoded afresh when the chunk's text does not start that way; empty when the
+    coordinator has no tokenizer."""
+    output = [*output_ids[: chunk.index], *chunk.token_ids]
+    head = texts.span(prompt_ids, output, chunk.index, from_index)
+    if head is not None and chunk.text.startswith(head):
+        return chunk.text[len(head) :]
+    return texts.span(prompt_ids, output, from_index, len(output)) or ""
 
 
 async def _close(chunks: AsyncIterator[TokenChunk]) -> None:

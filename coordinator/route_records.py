@@ -4,6 +4,10 @@ A restarted coordinator (or a second one on the same Redis) finds a request's ow
 number of tokens its clients were given here. Writes go behind the stream, batched in one
 pipeline per flush, so relaying a token never waits for Redis; a Redis outage only loses
 record updates, never a stream. The key is `keys.request_route_key` (one HASH per request).
+
+A running request's record lives `ttl_seconds` from its last update (long: a request may run
+for hours); a finished one only `retention_seconds` (short), so nothing of a finished request
+stays in Redis for long.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from redis.exceptions import RedisError
 from context_daemon.store.keys import request_route_key
 
 log = logging.getLogger(__name__)
+
+FINISHED_STATUS = "finished"  # RelayStatus.FINISHED's value, as records spell it
 
 
 @dataclass(frozen=True)
@@ -68,16 +74,27 @@ class RouteRecords:
     """Write-behind store of RouteRecords. `note` is cheap; `flush` (every interval, and at
     stop) writes the latest version of each noted record."""
 
-    def __init__(self, client: aioredis.Redis, ttl_seconds: int, flush_interval_seconds: float):
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        ttl_seconds: int,
+        retention_seconds: float,
+        flush_interval_seconds: float,
+    ) -> None:
         self._client = client
-        self._ttl_seconds = ttl_seconds
+        self._ttl_ms = int(ttl_seconds * 1000)
+        self._retention_ms = max(1, int(retention_seconds * 1000))
         self._flush_interval_seconds = flush_interval_seconds
         self._pending: dict[str, RouteRecord] = {}
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_url(cls, url: str, ttl_seconds: int, flush_interval_seconds: float) -> RouteRecords:
-        return cls(aioredis.Redis.from_url(url), ttl_seconds, flush_interval_seconds)
+    def from_url(
+        cls, url: str, ttl_seconds: int, retention_seconds: float, flush_interval_seconds: float
+    ) -> RouteRecords:
+        return cls(
+            aioredis.Redis.from_url(url), ttl_seconds, retention_seconds, flush_interval_seconds
+        )
 
     def note(self, record: RouteRecord) -> None:
         self._pending[record.request_id] = record
@@ -94,7 +111,8 @@ class RouteRecords:
             for record in batch.values():
                 key = request_route_key(record.request_id)
                 pipe.hset(key, mapping=record.to_fields())  # type: ignore[arg-type]
-                pipe.expire(key, self._ttl_seconds)
+                finished = record.status == FINISHED_STATUS
+                pipe.pexpire(key, self._retention_ms if finished else self._ttl_ms)
             try:
                 await pipe.execute()
             except RedisError as exc:

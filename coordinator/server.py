@@ -275,7 +275,10 @@ class Coordinator:
         )
         self.records = (
             RouteRecords.from_url(
-                config.redis_url, config.record_ttl_seconds, RECORD_FLUSH_INTERVAL_SECONDS
+                config.redis_url,
+                config.record_ttl_seconds,
+                config.record_retention_seconds,
+                RECORD_FLUSH_INTERVAL_SECONDS,
             )
             if config.redis_url
             else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from coordinator.constants import ABORT_TIMEOUT_SECONDS, STATS_TIMEOUT_SECONDS
-from coordinator.errors import WorkerStreamBroken
+from coordinator.errors import NothingPersisted, WorkerStreamBroken
 from protos.convert import chunk_from_proto, sampling_to_proto
 from protos.spotinfer.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from spotinfer.requests import GenerationRequest, SlaClass, TokenChunk
@@ -90,12 +90,15 @@ class WorkerClient:
         return self._follow(self._stub.Generate(msg))
 
     def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
-        """Worker.Resume: the rest of a request from its persisted state, from ``from_index``."""
+        """Worker.Resume: the rest of a request from its persisted state, from ``from_index``.
+        Raises NothingPersisted when the store holds no record of it."""
         msg = worker_pb2.ResumeRequest(request_id=request_id, from_index=from_index)
-        return self._follow(self._stub.Resume(msg))
+        return self._follow(self._stub.Resume(msg), resuming=True)
 
     async def _follow(
-        self, call: grpc.aio.UnaryStreamCall[object, common_pb2.GenerateResponse]
+        self,
+        call: grpc.aio.UnaryStreamCall[object, common_pb2.GenerateResponse],
+        resuming: bool = False,
     ) -> AsyncIterator[TokenChunk]:
         try:
             async for msg in call:
@@ -103,6 +106,8 @@ class WorkerClient:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidRequest(exc.details() or "invalid request") from exc
+            if resuming and exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise NothingPersisted(f"worker {self.address}: {exc.details()}") from exc
             raise WorkerStreamBroken(
                 f"worker {self.address}: {exc.code().name}: {exc.details()}"
             ) from exc

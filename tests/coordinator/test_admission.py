@@ -1,11 +1,14 @@
 """Admission with tiny queues and caps: a full queue is RESOURCE_EXHAUSTED with a retry hint,
-INTERACTIVE is served before BATCH, and a cancelled queued request leaves its queue."""
+INTERACTIVE is served before BATCH, and a queued request leaves its queue when cancelled or
+when its client goes away (hangs up, or its deadline passes)."""
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -137,3 +140,53 @@ def test_cancelled_queued_request_leaves_the_queue(tight: CoordinatorProcess) ->
     assert not list(itertools.chain.from_iterable(r.token_ids for r in responses))
     _cancel(tight, "holder")
     holder.cancel()
+
+
+def _wait_queue_depth(process: CoordinatorProcess, depth: int) -> None:
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while _queue_depth(process, common_pb2.SLA_CLASS_INTERACTIVE) != depth:
+        assert time.monotonic() < deadline, f"the queue never held {depth}"
+        time.sleep(0.02)
+
+
+def _attach_all(process: CoordinatorProcess, request_id: str) -> list[common_pb2.GenerateResponse]:
+    attach = inference_pb2.AttachRequest(request_id=request_id)
+    return list(process.inference.Attach(attach, timeout=TIMEOUT_SECONDS))
+
+
+@pytest.mark.parametrize("how", ["deadline", "hang-up", "http-hang-up"])
+def test_queued_request_whose_client_went_away_never_runs(
+    tight: CoordinatorProcess, how: str
+) -> None:
+    holder = tight.inference.Generate(greedy(PROMPT_IDS, LONG, f"holder-{how}"), timeout=120)
+    next(holder)
+    request_id = f"left-{how}"
+    try:
+        if how == "deadline":
+            with pytest.raises(grpc.RpcError) as expired:
+                list(tight.inference.Generate(greedy(PROMPT_IDS, 4, request_id), timeout=1.0))
+            assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        elif how == "hang-up":
+            call = tight.inference.Generate(greedy(PROMPT_IDS, 4, request_id), timeout=120)
+            _wait_queue_depth(tight, 1)
+            call.cancel()
+        else:
+            host, port = tight.http_url.removeprefix("http://").split(":")
+            connection = http.client.HTTPConnection(host, int(port), timeout=30)
+            body = {"prompt": PROMPT_IDS, "max_tokens": 4, "stream": True, "request_id": request_id}
+            connection.request(
+                "POST",
+                "/v1/completions",
+                body=json.dumps(body),
+                headers={"Content-Type": "application/json"},
+            )
+            _wait_queue_depth(tight, 1)
+            connection.close()
+        _wait_queue_depth(tight, 0)
+    finally:
+        _cancel(tight, f"holder-{how}")
+        holder.cancel()
+    # The slot is free now: had it stayed in the queue, it would run here.
+    responses = _attach_all(tight, request_id)
+    assert responses[-1].finish_reason == common_pb2.FINISH_REASON_CANCELLED
+    assert not list(itertools.chain.from_iterable(r.token_ids for r in responses))

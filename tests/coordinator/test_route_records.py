@@ -1,5 +1,6 @@
 """With --redis-url, the coordinator keeps a record of each request in Redis (owner worker,
-status, tokens delivered) — what a restarted coordinator will look up."""
+status, tokens delivered) — what a restarted coordinator will look up — and lets a finished
+request's record expire after a short retention."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from context_daemon.store.keys import request_route_key
+from context_daemon.store.keys import request_route_key, schema_pattern
 from coordinator.local_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy, start_coordinator
@@ -68,3 +69,58 @@ def test_finished_request_is_recorded(
     assert record["owner_worker_id"] == "w1"
     assert record["coordinator_id"] == "c-test"
     assert record["sla_class"] == "INTERACTIVE"
+
+
+@pytest.fixture(scope="module")
+def forgetting(
+    workers: list[WorkerProcess],
+    redis_server: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[CoordinatorProcess]:
+    """A coordinator that keeps a finished request's record for one second only."""
+    process = start_coordinator(
+        "--worker",
+        workers[1].address,
+        "--redis-url",
+        redis_server.url,
+        "--record-retention-seconds",
+        "1",
+        log_dir=tmp_path_factory.mktemp("forgetting-logs"),
+    )
+    yield process
+    process.stop()
+
+
+def _keys_of(redis_server: RedisServer, request_ids: list[str]) -> list[str]:
+    """Every key of the store's schema that belongs to one of ``request_ids``."""
+    client = redis.Redis(host=redis_server.host, port=redis_server.port)
+    try:
+        keys = [k.decode() for k in client.scan_iter(match=schema_pattern(), count=1000)]
+    finally:
+        client.close()
+    tags = {"{" + request_id + "}" for request_id in request_ids}
+    return [key for key in keys if any(tag in key for tag in tags)]
+
+
+def test_nothing_of_a_finished_request_stays_in_redis(
+    forgetting: CoordinatorProcess, redis_server: RedisServer
+) -> None:
+    request_ids = [f"forgotten-{i}" for i in range(3)]
+    for request_id in request_ids:
+        responses = list(
+            forgetting.inference.Generate(
+                greedy([5, 17, 42], 6, request_id), timeout=TIMEOUT_SECONDS
+            )
+        )
+        assert len(assemble(responses)) == 6
+        # The record is written (behind the stream) and is there for about the retention.
+        deadline = time.monotonic() + 10
+        while not _record(redis_server, request_id):
+            assert time.monotonic() < deadline, f"no record of {request_id} was written"
+            time.sleep(0.02)
+    deadline = time.monotonic() + 30
+    while _keys_of(redis_server, request_ids):
+        assert time.monotonic() < deadline, (
+            f"keys left in Redis after the retention: {_keys_of(redis_server, request_ids)}"
+        )
+        time.sleep(0.1)
