@@ -54,3 +54,26 @@ AZURE_METADATA_BASE_URL = "http://169.254.169.254"
 # Bytes a committed token costs on the wire besides its id (command framing, key, script args),
 # amortised: tokens are tiny next to KV, which is why they always go first.
 TOKEN_WIRE_BYTES = 16
+
+# --- the daemon process -----------------------------------------------------------------------
+# The port infra's security groups open for the daemon.
+DEFAULT_DAEMON_PORT = 50071
+DEFAULT_WORKER_ADDRESS = "127.0.0.1:50061"
+NOTICE_SOURCES = ("aws", "gcp", "azure", "file")
+# Grace before the VM goes away when a notice carries no deadline (and GCP's notice length).
+DEFAULT_GRACE_SECONDS = {
+    "aws": AWS_NOTICE_SECONDS,
+    "gcp": GCP_DEFAULT_NOTICE_SECONDS,
+    "azure": AZURE_MIN_NOTICE_SECONDS,
+    "file": FILE_DEFAULT_GRACE_SECONDS,
+}
+# A failing step of the daemon's outer loop is retried after this pause, never given up.
+DAEMON_RETRY_SECONDS = 1.0
+# Each subscriber of WatchNotices gets a queue this long; a subscriber that falls this far
+# behind loses its oldest events rather than holding memory without bound.
+SUBSCRIBER_QUEUE_EVENTS = 64
+# Calls to the worker other than Preempt (Stats) give up after this long.
+WORKER_CALL_TIMEOUT_SECONDS = 5.0
+# Preempt may run to the deadline; beyond it the call is cut after this margin.
+PREEMPT_MARGIN_SECONDS = 5.0
+DAEMON_STOP_GRACE_SECONDS = 2.0

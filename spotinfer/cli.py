@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.tune",
     "spotinfer.commands.generate",
     "spotinfer.commands.coordinator",
+    "spotinfer.commands.daemon",
 )
 
 

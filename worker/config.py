@@ -32,6 +32,13 @@ class WorkerConfig:
     model: str = field(metadata={"help": "HF-format model folder (or hub id where reachable)"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=50061, metadata={"help": "gRPC port; 0 picks a free one"})
+    unix_socket: str = field(
+        default="",
+        metadata={
+            "help": "also listen on this unix socket path (the local context daemon's "
+            "channel); empty: TCP only"
+        },
+    )
     worker_id: str = field(
         default_factory=_default_worker_id, metadata={"help": "name in the cluster"}
     )
@@ -96,6 +103,8 @@ class WorkerConfig:
             raise ValueError("model must name a model folder or id")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.unix_socket.startswith("unix:"):
+            raise ValueError("unix_socket is a path; leave out the unix: prefix")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):

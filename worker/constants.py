@@ -25,6 +25,24 @@ PERSIST_RETRY_SECONDS = 1.0
 # Blocks waiting for the connector's writer thread; beyond this, new saves are dropped (counted)
 # rather than holding KV copies in memory without bound while Redis is slow or gone.
 KV_WRITE_QUEUE_BLOCKS = 256
+# Most blocks in one write batch (one pipelined round trip): small enough that the queue's
+# order (the flush planner's) decides which paused requests are complete first.
+KV_WRITE_BATCH_BLOCKS = 16
+# First output index of the request in the engine (0, or the committed length on a resume):
+# the connector commits a paused request's tokens at their true indices.
+KV_PARAM_FIRST_INDEX = "spotinfer_first_index"
+# What the connector assumes of the link to Redis when it orders a paused request's writes
+# (the order does not depend on the rate; see context_daemon/flush_planner.py).
+FLUSH_ASSUMED_BYTES_PER_SECOND = 200e6
+FLUSH_ASSUMED_ROUND_TRIP_SECONDS = 0.0005
+# A preempt flush polls Redis this often to learn which paused requests are complete.
+FLUSH_POLL_SECONDS = 0.05
+# Preempt without a deadline: how long the flush may take.
+DEFAULT_PREEMPT_GRACE_SECONDS = 30.0
+# How long preempt waits for the paused requests' streams to end after the abort.
+STREAM_END_WAIT_SECONDS = 5.0
+# A paused request's stream ends with a NOTICE event carrying this detail.
+PAUSED_DETAIL = "paused for migration"
 # Bytes of each weights file that go into the model fingerprint: enough to tell two
 # checkpoints apart without reading gigabytes at every start.
 FINGERPRINT_WEIGHT_BYTES = 1024 * 1024

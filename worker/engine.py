@@ -11,7 +11,16 @@ and the numbers the coordinator routes by.
 
 With a store, every request carries our id to the spot KV connector (which persists its KV
 blocks) and its tokens go to the committer; `resume` continues a request another worker
-started, from the store.
+started, from the store. `preempt` is the termination notice: stop admitting, pause every
+request at an iteration boundary (a vLLM abort, which makes the connector flush it), and
+report each one once its state is complete in the store::
+
+    preempt(deadline) ─▶ draining ─▶ abort all (paused) ─▶ streams end with a NOTICE event
+                                          │                 committer: tokens, then PAUSED
+                                          ▼
+                          connector: tokens, unsaved full blocks, tail ─▶ Redis
+    poll the store (headers only) ─▶ FlushState per request as it completes; the rest at
+    the deadline, not complete
 """
 
 from __future__ import annotations
@@ -22,10 +31,10 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from context_daemon.store import RedisStore, RequestRecord, RequestStatus
+from context_daemon.store import RedisStore, RequestRecord, RequestStatus, StoreUnavailable
 from spotinfer.requests import (
     Event,
     EventKind,
@@ -35,7 +44,16 @@ from spotinfer.requests import (
 )
 from spotinfer.validation import Limits, check_prompt_tokens, check_sampling
 from worker.config import WorkerConfig, engine_environment
-from worker.constants import KV_PARAM_REQUEST_ID, KV_PARAM_RESUME, PERSIST_RETRY_SECONDS
+from worker.constants import (
+    DEFAULT_PREEMPT_GRACE_SECONDS,
+    FLUSH_POLL_SECONDS,
+    KV_PARAM_FIRST_INDEX,
+    KV_PARAM_REQUEST_ID,
+    KV_PARAM_RESUME,
+    PAUSED_DETAIL,
+    PERSIST_RETRY_SECONDS,
+    STREAM_END_WAIT_SECONDS,
+)
 from worker.engine_stats import EngineSnapshot, EngineStats
 from worker.errors import (
     CannotResume,
@@ -44,6 +62,7 @@ from worker.errors import (
     RequestNotFound,
     WorkerDraining,
 )
+from worker.flush_state import FlushState, read_flush_state
 from worker.model_fingerprint import model_fingerprint
 from worker.resume_point import ResumePoint, read_resume_point, sampling_to_record
 from worker.token_committer import TokenCommitter
@@ -78,6 +97,15 @@ class EngineShape:
     kv_cache_bytes: int
 
 
+@dataclass
+class _Running:
+    """One in-flight request as this worker streams it (owned by the event loop)."""
+
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    streamed_tokens: int = 0  # output tokens in the store's indexing (resumes start at n)
+    paused: bool = False  # set by preempt: its abort is a pause, not a cancel
+
+
 @dataclass(frozen=True)
 class WorkerStatus:
     worker_id: str
@@ -105,7 +133,7 @@ class Engine:
         self._limits: Limits | None = None
         self._stats = EngineStats()
         self._draining = False
-        self._in_flight: dict[str, asyncio.Event] = {}
+        self._in_flight: dict[str, _Running] = {}
         self._requests_total = 0
         self._start_error: BaseException | None = None
 
@@ -306,7 +334,11 @@ class Engine:
             return
         self.validate(request)
         self._committer.admit(point.record, point.committed_token_ids)
-        kv_params = {KV_PARAM_REQUEST_ID: request_id, KV_PARAM_RESUME: True}
+        kv_params = {
+            KV_PARAM_REQUEST_ID: request_id,
+            KV_PARAM_RESUME: True,
+            KV_PARAM_FIRST_INDEX: point.next_index,
+        }
         first = True
         async for chunk, cached_tokens in self._stream(request, point.next_index, kv_params):
             if first:
@@ -333,6 +365,12 @@ class Engine:
         # vLLM computes the last prompt token in any case (its output is the next token);
         # everything else it did not load counts as recomputed.
         recomputed = max(0, prompt_tokens - cached_tokens - 1) if prompt_tokens else 0
+        # A request paused on a notice migrated; any other was recovered after a loss.
+        kind = (
+            EventKind.MIGRATED
+            if point.record.status is RequestStatus.PAUSED
+            else EventKind.RECOVERED
+        )
         detail = (
             f"resumed at index {point.next_index}: {cached_tokens} of {prompt_tokens} "
             f"context tokens loaded, {recomputed} recomputed"
@@ -342,7 +380,7 @@ class Engine:
             request_id=point.record.request_id,
             index=from_index,
             event=Event(
-                kind=EventKind.RECOVERED,
+                kind=kind,
                 from_worker=point.record.owner_worker_id,
                 to_worker=self.config.worker_id,
                 recomputed_tokens=recomputed,
@@ -368,8 +406,8 @@ class Engine:
         request_id = request.request_id
         if request_id in self._in_flight:
             raise DuplicateRequest(f"request {request_id!r} is already running on this worker")
-        done = asyncio.Event()
-        self._in_flight[request_id] = done
+        running = _Running(streamed_tokens=start_index)
+        self._in_flight[request_id] = running
         self._requests_total += 1
         index = start_index
         finish = FinishReason.CANCELLED  # unless vLLM says otherwise
@@ -386,6 +424,11 @@ class Engine:
                 )
                 if output.finished and chunk_finish == FinishReason.NONE:
                     chunk_finish = FinishReason.STOP
+                paused_here = chunk_finish == FinishReason.CANCELLED and running.paused
+                if paused_here:
+                    # A pause is not an end: its last tokens go out, the NOTICE follows.
+                    chunk_finish = FinishReason.NONE
+                    finish = FinishReason.CANCELLED
                 chunk = TokenChunk(
                     request_id=request_id,
                     index=index,
@@ -395,14 +438,19 @@ class Engine:
                     worker_id=self.config.worker_id,
                 )
                 index += len(chunk.token_ids)
+                running.streamed_tokens = index
                 if self._committer is not None:
                     self._committer.add(request_id, chunk.token_ids)
                 if chunk.finished:
                     finish = chunk_finish
-                yield chunk, output.num_cached_tokens
-                if chunk.finished:
+                if chunk.token_ids or not paused_here:
+                    yield chunk, output.num_cached_tokens
+                if chunk.finished or paused_here:
                     break
-            if finish == FinishReason.CANCELLED:
+            if finish == FinishReason.CANCELLED and running.paused:
+                # Not an end: the client's relay resumes it on another worker.
+                yield self._paused_chunk(request_id, index), None
+            elif finish == FinishReason.CANCELLED:
                 # vLLM ends an aborted request's stream without a final output.
                 yield (
                     TokenChunk(
@@ -415,9 +463,22 @@ class Engine:
                 )
         finally:
             if self._committer is not None:
-                self._committer.finish(request_id, _STORE_STATUS[finish])
+                if running.paused and finish == FinishReason.CANCELLED:
+                    self._committer.pause(request_id)
+                else:
+                    self._committer.finish(request_id, _STORE_STATUS[finish])
             del self._in_flight[request_id]
-            done.set()
+            running.done.set()
+
+    def _paused_chunk(self, request_id: str, index: int) -> TokenChunk:
+        return TokenChunk(
+            request_id=request_id,
+            index=index,
+            event=Event(
+                kind=EventKind.NOTICE, from_worker=self.config.worker_id, detail=PAUSED_DETAIL
+            ),
+            worker_id=self.config.worker_id,
+        )
 
     def _sampling_params(self, request: GenerationRequest, kv_params: dict[str, Any]) -> Any:
         from vllm import SamplingParams
@@ -453,10 +514,79 @@ class Engine:
         for request_id in remaining:
             await self._llm.abort(request_id)
         for request_id in remaining:
-            event = self._in_flight.get(request_id)
-            if event is not None:
-                await event.wait()
+            running = self._in_flight.get(request_id)
+            if running is not None:
+                await running.done.wait()
         return len(remaining)
+
+    async def preempt(self, deadline_unix: float) -> AsyncIterator[FlushState]:
+        """A termination notice: stop admitting, pause every in-flight request and persist it
+        (see the module docstring). Yields one FlushState per paused request: as soon as it
+        is complete in the store, or, for those still incomplete at ``deadline_unix`` (0: the
+        default grace from now), at the deadline with ``complete`` False. An idle worker
+        yields nothing."""
+        self._draining = True
+        if not deadline_unix:
+            deadline_unix = time.time() + DEFAULT_PREEMPT_GRACE_SECONDS
+        paused = dict(self._in_flight)
+        if not paused:
+            return
+        for running in paused.values():
+            running.paused = True
+        log.warning(
+            "termination notice: pausing %d request(s), %.1f s to the deadline",
+            len(paused),
+            deadline_unix - time.time(),
+        )
+        # One abort message: vLLM finishes them all in one scheduler pass, so the connector
+        # orders all of their writes together.
+        await self._llm.abort(list(paused))
+        await asyncio.wait(
+            [asyncio.ensure_future(running.done.wait()) for running in paused.values()],
+            timeout=STREAM_END_WAIT_SECONDS,
+        )
+        if self._store is None:  # nowhere to flush to: nothing can be complete
+            for request_id in paused:
+                yield FlushState(request_id, 0, 0, 0, False, False)
+            return
+        async for state in self._await_flushed(paused, deadline_unix):
+            yield state
+
+    async def _await_flushed(
+        self, paused: dict[str, _Running], deadline_unix: float
+    ) -> AsyncIterator[FlushState]:
+        pending = dict(paused)
+        while pending:
+            states = await asyncio.to_thread(self._read_flush_states, pending)
+            if time.time() > deadline_unix:
+                for state in states:  # too late: whatever landed, it did not land in time
+                    yield dataclasses.replace(state, complete=False)
+                return
+            for state in states:
+                if state.complete:
+                    del pending[state.request_id]
+                    yield state
+            if pending:
+                await asyncio.sleep(FLUSH_POLL_SECONDS)
+
+    def _read_flush_states(self, pending: dict[str, _Running]) -> list[FlushState]:
+        assert self._store is not None, "preempt reads states only with a store"
+        with_kv = self.config.kv_persist_policy != "off"
+        states = []
+        for request_id, running in pending.items():
+            try:
+                state = read_flush_state(
+                    self._store,
+                    request_id,
+                    self._fingerprint,
+                    self.shape.kv_block_tokens,
+                    running.streamed_tokens,
+                    with_kv,
+                )
+            except StoreUnavailable:
+                state = FlushState(request_id, 0, 0, 0, False, False)
+            states.append(state)
+        return states
 
     @property
     def draining(self) -> bool:

@@ -1,9 +1,16 @@
 """The connector's write-behind: KV block copies go to Redis on a thread, never on the step.
 
 The engine step only copies a block out of the paged cache (microseconds) and queues it;
-this thread encodes and sends whole batches, one pipelined round trip each. Nothing here
-ever blocks the step: a full queue or an unreachable Redis drops the block (counted, logged
-once per outage); the block's tokens will simply be recomputed if that request is resumed.
+this thread encodes and sends batches, one pipelined round trip each. Nothing here ever
+blocks the step: a full queue or an unreachable Redis drops the block (counted, logged once
+per outage); the block's tokens will simply be recomputed if that request is resumed.
+
+A paused request's flush (its token list, unsaved full blocks and partial tail) is queued
+as *required*: it may pass the queue bound, because it is the last chance to save that state.
+Batches hold at most KV_WRITE_BATCH_BLOCKS blocks, so the queue order (the flush planner's)
+decides which requests are complete first; a batch writes its token commits before its
+blocks, and a request's tail after its full blocks, so a stored tail means the blocks before
+it were sent.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ from context_daemon.store import (
     RedisStore,
     StoreError,
     StoreUnavailable,
+    TokenCommit,
 )
+from worker.constants import KV_WRITE_BATCH_BLOCKS
 from worker.kv_layout import block_payload
 
 log = logging.getLogger(__name__)
@@ -32,12 +41,17 @@ _STOP = None
 
 @dataclass(frozen=True)
 class PendingBlock:
-    """A full block copied out of the cache, waiting to be written."""
+    """A block copied out of the cache, waiting to be written; ``num_tokens`` below the block
+    size makes it the request's partial tail."""
 
     request_id: str
     block_index: int
     prefix_hash: bytes
     data: torch.Tensor
+    num_tokens: int = 0  # 0: a full block
+
+
+_Item = PendingBlock | TokenCommit
 
 
 class KVBlockWriter:
@@ -46,7 +60,9 @@ class KVBlockWriter:
     def __init__(self, store: RedisStore, kv_format: KVFormat, max_queued_blocks: int) -> None:
         self._store = store
         self._kv_format = kv_format
-        self._queue: queue.Queue[PendingBlock | None] = queue.Queue(max_queued_blocks)
+        # Unbounded as a queue; the bound applies to optional saves only (see submit).
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._max_queued_blocks = max_queued_blocks
         self._lock = threading.Lock()
         self._written = 0
         self._dropped = 0
@@ -54,12 +70,17 @@ class KVBlockWriter:
         self._thread = threading.Thread(target=self._run, name="spot-kv-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, block: PendingBlock) -> None:
-        """Queue a block; drop it (counted) when the queue is full. Never waits."""
-        try:
-            self._queue.put_nowait(block)
-        except queue.Full:
+    def submit(self, block: PendingBlock, required: bool = False) -> None:
+        """Queue a block; an optional one is dropped (counted) when the queue is full. Never
+        waits."""
+        if not required and self._queue.qsize() >= self._max_queued_blocks:
             self._count_dropped(1, "the write queue is full")
+            return
+        self._queue.put_nowait(block)
+
+    def submit_tokens(self, commit: TokenCommit) -> None:
+        """Queue a token commit (idempotent in the store, so it may overlap earlier ones)."""
+        self._queue.put_nowait(commit)
 
     @property
     def written_blocks(self) -> int:
@@ -73,10 +94,7 @@ class KVBlockWriter:
 
     def close(self, timeout_seconds: float) -> None:
         """Stop after the queued blocks are sent (or dropped); wait at most ``timeout_seconds``."""
-        try:
-            self._queue.put(_STOP, timeout=timeout_seconds)
-        except queue.Full:
-            return
+        self._queue.put_nowait(_STOP)
         self._thread.join(timeout_seconds)
 
     def _run(self) -> None:
@@ -84,9 +102,9 @@ class KVBlockWriter:
             first = self._queue.get()
             if first is _STOP:
                 return
-            batch = [first]
+            batch: list[_Item] = [first]
             stop = False
-            while True:
+            while sum(isinstance(item, PendingBlock) for item in batch) < KV_WRITE_BATCH_BLOCKS:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -99,8 +117,9 @@ class KVBlockWriter:
             if stop:
                 return
 
-    def _write(self, batch: list[PendingBlock]) -> None:
+    def _write(self, batch: list[_Item]) -> None:
         block_tokens = self._kv_format.block_tokens
+        commits = [item for item in batch if isinstance(item, TokenCommit)]
         writes = [
             BlockWrite(
                 request_id=pending.request_id,
@@ -108,22 +127,30 @@ class KVBlockWriter:
                 block=KVBlock(
                     kv_format=self._kv_format,
                     prefix_hash=pending.prefix_hash,
-                    num_tokens=block_tokens,
+                    num_tokens=pending.num_tokens or block_tokens,
                     payload=block_payload(pending.data),
                 ),
             )
             for pending in batch
+            if isinstance(pending, PendingBlock)
         ]
         try:
-            self._store.put_blocks(writes)
+            if commits:
+                for outcome in self._store.commit_step(commits):
+                    if outcome.conflict is not None:
+                        log.warning(
+                            "flush commit of %s refused: %s", outcome.request_id, outcome.conflict
+                        )
+            if writes:
+                self._store.put_blocks(writes)
         except StoreUnavailable as exc:
-            self._count_dropped(len(batch), f"Redis is unavailable ({exc})", outage=True)
+            self._count_dropped(len(writes), f"Redis is unavailable ({exc})", outage=True)
             return
         except StoreError as exc:
-            self._count_dropped(len(batch), f"Redis refused the write ({exc})")
+            self._count_dropped(len(writes), f"Redis refused the write ({exc})")
             return
         with self._lock:
-            self._written += len(batch)
+            self._written += len(writes)
             recovered = self._unavailable
             self._unavailable = False
         if recovered:

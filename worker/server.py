@@ -1,7 +1,9 @@
 """The worker's gRPC edge: `spotinfer.v1.Worker` over one `Engine`, health and reflection.
 
 Proto messages stop here. Health is NOT_SERVING until the engine has loaded, and again from
-the moment a drain starts, so the coordinator routes only to a worker that will answer.
+the moment a drain or a preempt starts, so the coordinator routes only to a worker that will
+answer. Besides TCP the worker may listen on a unix socket (``--unix-socket``): the channel
+its context daemon uses on the same host.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import grpc
 
 from context_daemon.store import RedisStore, StoreUnavailable
 from protos.convert import chunk_to_proto, sampling_from_proto, sla_from_proto
-from protos.spotinfer.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from protos.spotinfer.v1 import common_pb2, daemon_pb2, worker_pb2, worker_pb2_grpc
 from spotinfer.requests import GenerationRequest
 from spotinfer.rpc import abort_with, add_health_and_reflection, server_options, set_serving
 from spotinfer.validation import check_prompt_choice, check_request_id
@@ -24,6 +26,7 @@ from worker.config import WorkerConfig
 from worker.constants import SERVER_STOP_GRACE_SECONDS
 from worker.engine import Engine
 from worker.errors import CannotResume
+from worker.flush_state import FlushState
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,19 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         asyncio.get_running_loop().create_task(self._engine.drain(request.grace_seconds))
         return worker_pb2.DrainResponse(in_flight=in_flight)
 
+    async def Preempt(  # noqa: N802
+        self, request: worker_pb2.PreemptRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[daemon_pb2.FlushProgress]:
+        if self._set_health is not None:
+            await self._set_health(False)
+        try:
+            async for state in self._engine.preempt(request.deadline_unix):
+                yield flush_progress_to_proto(state, self._engine.config.worker_id)
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            await abort_with(context, exc)
+
     async def Stats(  # noqa: N802
         self, request: worker_pb2.StatsRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.WorkerStats:
@@ -130,6 +146,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return msg
 
 
+def flush_progress_to_proto(state: FlushState, worker_id: str) -> daemon_pb2.FlushProgress:
+    return daemon_pb2.FlushProgress(
+        request_id=state.request_id,
+        complete=state.complete,
+        committed_tokens=state.committed_tokens,
+        persisted_blocks=state.persisted_blocks,
+        tail_persisted=state.tail_persisted,
+        context_tokens=state.context_tokens,
+        worker_id=worker_id,
+    )
+
+
 async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
     """Runs the worker until SIGTERM/SIGINT (or `stop`), then drains. Returns an exit code."""
     stop = stop or asyncio.Event()
@@ -148,6 +176,8 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(engine, set_health), server)
     await set_serving(health, [SERVICE_NAME], False)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if config.unix_socket:
+        server.add_insecure_port(f"unix:{config.unix_socket}")
     await server.start()
     # One line a launcher can wait for, also when the port was picked by the OS.
     print(f"spotinfer worker {config.worker_id} listening on {config.host}:{port}", flush=True)

@@ -14,6 +14,18 @@ vLLM builds one instance per role, from `kv_transfer_config` (see `connector_con
       with the cache slots vLLM allocated
     build_connector_meta: name the blocks that   wait_for_save: copy those blocks out of the
       became full this step (policy eager)         cache and hand them to the writer thread
+    request_finished (an abort: a pause for      wait_for_save (the step after the abort has
+      migration): name every unsaved full block    no forward pass): copy them from the
+      and the partial tail, keep the blocks        registered tensors; get_finished: release
+      (delay_free) until the worker role copied    the blocks once copied
+      them; commit the engine's token list
+
+A pause must leave the store consistent with the cache at the iteration boundary, so the
+connector commits the token list the engine core holds (the client's stream may lag a step
+behind it; Resume delivers committed tokens the client never saw). The scheduler cannot tell
+a pause from a cancel (both are aborts): it saves on every abort, and a cancelled request's
+keys are deleted by its finish anyway. Policy ``lazy`` saves nothing before that abort,
+``eager`` only the tail and the blocks not yet saved; ``off`` never saves KV.
 
 Block identity is the store's hash chain over the token ids and the model fingerprint, so the
 scheduler role (which has every request's token ids) names each block by its hash; the worker
@@ -34,6 +46,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from context_daemon.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
 from context_daemon.store import (
     BlockRejected,
     KVBlock,
@@ -41,10 +54,15 @@ from context_daemon.store import (
     RedisStore,
     RejectReason,
     StoreUnavailable,
+    TokenCommit,
     block_hashes,
     block_reads,
+    tail_hash,
 )
 from worker.constants import (
+    FLUSH_ASSUMED_BYTES_PER_SECOND,
+    FLUSH_ASSUMED_ROUND_TRIP_SECONDS,
+    KV_PARAM_FIRST_INDEX,
     KV_PARAM_REQUEST_ID,
     KV_PARAM_RESUME,
     KV_WRITE_QUEUE_BLOCKS,
@@ -66,6 +84,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WRITER_CLOSE_SECONDS = 5.0
+# A stored tail for other tokens than asked is one a later pause will overwrite, not damage.
+_STALE_TAIL_REASONS = frozenset(
+    {RejectReason.MISSING, RejectReason.PREFIX_HASH, RejectReason.GEOMETRY}
+)
 
 
 def connector_config(redis_url: str, model_fingerprint: str, policy: str) -> dict[str, Any]:
@@ -84,12 +106,15 @@ def connector_config(redis_url: str, model_fingerprint: str, policy: str) -> dic
 
 @dataclass(frozen=True)
 class BlockSave:
-    """Copy cache slot ``block_id`` and store it as block ``block_index`` of the request."""
+    """Copy cache slot ``block_id`` and store it as block ``block_index`` of the request;
+    ``num_tokens`` > 0 makes it the partial tail. ``required``: part of a pause's flush."""
 
     request_id: str
     block_index: int
     block_id: int
     prefix_hash: bytes
+    num_tokens: int = 0
+    required: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,6 +131,18 @@ class SpotConnectorMetadata(KVConnectorMetadata):
 
     saves: list[BlockSave] = field(default_factory=list)
     loads: list[BlockLoad] = field(default_factory=list)
+    commits: list[TokenCommit] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    """vLLM ids whose blocks may be freed once this step's saves are copied."""
+
+
+@dataclass(frozen=True)
+class _Flush:
+    """What an aborted request still has to write (named at request_finished)."""
+
+    vllm_id: str
+    commit: TokenCommit | None
+    saves: list[BlockSave]
 
 
 @dataclass
@@ -115,6 +152,7 @@ class _Tracked:
     request: Request
     request_id: str  # ours; vLLM's id carries a suffix
     resume: bool
+    first_index: int = 0  # output index of the engine's first output token
     chain: list[bytes] = field(default_factory=list)  # hashes of blocks 0.. named so far
     saved_blocks: int = 0  # blocks [0, saved_blocks) are stored (saved or loaded)
     plan: _LoadPlan | None = None
@@ -149,8 +187,10 @@ class SpotKVConnector(KVConnectorBase_V1):
         # scheduler role
         self._tracked: dict[str, _Tracked] = {}
         self._loads: list[BlockLoad] = []
+        self._flushes: list[_Flush] = []
         # worker role
         self._tensors: list[torch.Tensor] = []
+        self._released: set[str] = set()
         self._writer: KVBlockWriter | None = None
         if role == KVConnectorRole.WORKER:
             self._writer = KVBlockWriter(self._store, self._kv_format, KV_WRITE_QUEUE_BLOCKS)
@@ -167,7 +207,10 @@ class SpotKVConnector(KVConnectorBase_V1):
         request_id = params.get(KV_PARAM_REQUEST_ID)
         if isinstance(request_id, str) and request_id:
             self._tracked[request.request_id] = _Tracked(
-                request=request, request_id=request_id, resume=bool(params.get(KV_PARAM_RESUME))
+                request=request,
+                request_id=request_id,
+                resume=bool(params.get(KV_PARAM_RESUME)),
+                first_index=int(params.get(KV_PARAM_FIRST_INDEX, 0)),
             )
 
     def get_num_new_matched_tokens(
@@ -181,34 +224,56 @@ class SpotKVConnector(KVConnectorBase_V1):
         return tracked.plan.matched_tokens, False
 
     def _plan_load(self, tracked: _Tracked, num_computed_tokens: int) -> _LoadPlan:
-        """Read the request's full blocks, keep the verified leading run, cap as vLLM requires."""
+        """Read the request's full blocks and its partial tail (a pause stored one), keep the
+        verified leading run, cap as vLLM requires."""
         block_tokens = self._kv_format.block_tokens
         first_block = num_computed_tokens // block_tokens
         token_ids = list(tracked.request.all_token_ids)
         reads = block_reads(tracked.request_id, self._kv_format, token_ids, include_tail=False)
         reads = reads[first_block:]
+        # The tail a pause stores holds every token but the last (vLLM computes that one); it
+        # follows the full blocks, or stands in for the last one when that never filled.
+        tail = None
+        if (len(token_ids) - 1) % block_tokens:
+            kv_reads = block_reads(tracked.request_id, self._kv_format, token_ids[:-1])
+            if kv_reads[-1].block_index >= first_block:
+                tail = kv_reads[-1]
         try:
-            loaded = self._store.get_blocks(reads, self._kv_format) if reads else []
+            wanted = reads + ([tail] if tail is not None else [])
+            loaded = self._store.get_blocks(wanted, self._kv_format) if wanted else []
         except StoreUnavailable as exc:
             log.warning(
                 "resume of %s: Redis unavailable, recomputing (%s)", tracked.request_id, exc
             )
             return _LoadPlan(first_block, [], 0)
         usable: list[KVBlock] = []
-        for block in loaded:
+        for block in loaded[: len(reads)]:
             if isinstance(block, BlockRejected):
-                if block.reason is not RejectReason.MISSING:
-                    tracked.rejected_blocks += 1
-                    log.warning(
-                        "resume of %s: %s; its tokens are recomputed", tracked.request_id, block
-                    )
+                self._count_rejected(tracked, block, RejectReason.MISSING)
                 break
             usable.append(block)
+        if tail is not None and first_block + len(usable) == tail.block_index:
+            block = loaded[-1]
+            if isinstance(block, BlockRejected):
+                self._count_rejected(tracked, block, *_STALE_TAIL_REASONS)
+            else:
+                usable.append(block)
         # vLLM computes at least the last prompt token itself; a count that does not end on
         # a block boundary is fine (the last loaded block is then only partly used).
-        end = min((first_block + len(usable)) * block_tokens, len(token_ids) - 1)
+        stored = sum(block.num_tokens for block in usable)
+        end = min(first_block * block_tokens + stored, len(token_ids) - 1)
         matched = max(0, end - num_computed_tokens)
         return _LoadPlan(first_block, usable if matched else [], matched)
+
+    def _count_rejected(
+        self, tracked: _Tracked, block: BlockRejected, *harmless: RejectReason
+    ) -> None:
+        """A block that cannot be used: count and log it, unless its reason is ``harmless``
+        (absent, or a tail from an earlier pause that a later one will overwrite)."""
+        if block.reason in harmless:
+            return
+        tracked.rejected_blocks += 1
+        log.warning("resume of %s: %s; its tokens are recomputed", tracked.request_id, block)
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -222,19 +287,24 @@ class SpotKVConnector(KVConnectorBase_V1):
         block_ids = blocks.get_block_ids()[0]
         for offset, block in enumerate(plan.blocks):
             self._loads.append(BlockLoad(block_ids[plan.first_block + offset], block.payload))
-        tracked.chain = [block.prefix_hash for block in plan.blocks]
+        # A loaded tail is not a saved block: once full it must be saved like any other.
+        full = [block for block in plan.blocks if block.is_full]
+        tracked.chain = [block.prefix_hash for block in full]
         if plan.first_block:
             tracked.chain = block_hashes(
                 self._kv_format.model_fingerprint,
                 list(request.all_token_ids),
                 self._kv_format.block_tokens,
-            )[: plan.first_block + len(plan.blocks)]
-        tracked.saved_blocks = plan.first_block + len(plan.blocks)
+            )[: plan.first_block + len(full)]
+        tracked.saved_blocks = plan.first_block + len(full)
         tracked.loaded_tokens = num_external_tokens
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = SpotConnectorMetadata(loads=self._loads)
         self._loads = []
+        if self._flushes:
+            self._add_flushes(meta, self._flushes)
+            self._flushes = []
         if self._policy != "eager":
             return meta
         block_state = scheduler_output.kv_connector_block_state
@@ -277,13 +347,94 @@ class SpotKVConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        from vllm.v1.request import RequestStatus as VllmRequestStatus
+
         tracked = self._tracked.pop(request.request_id, None)
-        if tracked is None or not tracked.resume:
+        if tracked is None:
             return False, None
-        return False, {
+        delay_free = False
+        if request.status == VllmRequestStatus.FINISHED_ABORTED and self._policy != "off":
+            flush = self._name_flush(tracked, block_ids)
+            self._flushes.append(flush)
+            delay_free = bool(flush.saves)
+        if not tracked.resume:
+            return delay_free, None
+        return delay_free, {
             "spotinfer_loaded_tokens": tracked.loaded_tokens,
             "spotinfer_rejected_blocks": tracked.rejected_blocks,
         }
+
+    def _name_flush(self, tracked: _Tracked, block_ids: list[int]) -> _Flush:
+        """Everything of a paused request not in the store yet: its tokens (as the engine has
+        them), the full blocks not saved so far and the partial tail."""
+        request = tracked.request
+        block_tokens = self._kv_format.block_tokens
+        token_ids = list(request.all_token_ids)
+        # A step may be in flight at the abort (its token never reached the output); the KV
+        # a standby needs is that of every token but the last, which it computes itself.
+        computed = min(
+            request.num_computed_tokens, len(token_ids) - 1, len(block_ids) * block_tokens
+        )
+        full_blocks = computed // block_tokens
+        if len(tracked.chain) < full_blocks:
+            tracked.chain = block_hashes(
+                self._kv_format.model_fingerprint,
+                token_ids[: full_blocks * block_tokens],
+                block_tokens,
+            )
+        saves = [
+            BlockSave(
+                tracked.request_id, index, block_ids[index], tracked.chain[index], required=True
+            )
+            for index in range(tracked.saved_blocks, full_blocks)
+        ]
+        tail_tokens = computed - full_blocks * block_tokens
+        if tail_tokens:
+            prefix = tail_hash(
+                self._kv_format.model_fingerprint, token_ids[:computed], block_tokens
+            )
+            assert prefix is not None
+            saves.append(
+                BlockSave(
+                    tracked.request_id,
+                    full_blocks,
+                    block_ids[full_blocks],
+                    prefix,
+                    num_tokens=tail_tokens,
+                    required=True,
+                )
+            )
+        tracked.saved_blocks = full_blocks
+        outputs = tuple(request.output_token_ids)
+        commit = TokenCommit(tracked.request_id, tracked.first_index, outputs) if outputs else None
+        return _Flush(request.request_id, commit, saves)
+
+    def _add_flushes(self, meta: SpotConnectorMetadata, flushes: list[_Flush]) -> None:
+        """Queue the flushes in the planner's order: every token list first, then the KV of
+        the requests with the least of it (the most requests complete soonest)."""
+        block_bytes = self._kv_format.layer_count * self._block_bytes_per_layer()
+        by_id = {flush.vllm_id: flush for flush in flushes}
+        plan = plan_flush(
+            [
+                PendingWork(
+                    flush.vllm_id,
+                    len(flush.commit.token_ids) if flush.commit else 0,
+                    len(flush.saves) * block_bytes,
+                )
+                for flush in flushes
+            ],
+            LinkEstimate(FLUSH_ASSUMED_BYTES_PER_SECOND, FLUSH_ASSUMED_ROUND_TRIP_SECONDS),
+            seconds_left=float("inf"),
+        )
+        meta.commits.extend(flush.commit for flush in flushes if flush.commit is not None)
+        for step in plan.steps:
+            if step.kind is FlushKind.KV:
+                meta.saves.extend(by_id[step.request_id].saves)
+        meta.released.extend(flush.vllm_id for flush in flushes if flush.saves)
+
+    def _block_bytes_per_layer(self) -> int:
+        spec = self._kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        return int(getattr(spec, "page_size_bytes", 1))
 
     # ==== worker role =========================================================================
 
@@ -317,6 +468,8 @@ class SpotKVConnector(KVConnectorBase_V1):
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, SpotConnectorMetadata)
+        for commit in meta.commits:
+            self._writer.submit_tokens(commit)
         for save in meta.saves:
             self._writer.submit(
                 PendingBlock(
@@ -324,8 +477,18 @@ class SpotKVConnector(KVConnectorBase_V1):
                     block_index=save.block_index,
                     prefix_hash=save.prefix_hash,
                     data=copy_block(self._tensors, save.block_id),
-                )
+                    num_tokens=save.num_tokens,
+                ),
+                required=save.required,
             )
+        # The copies are private: the cache slots may be freed now.
+        self._released.update(meta.released)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if not self._released:
+            return None, None
+        released, self._released = self._released, set()
+        return released, None
 
     def shutdown(self) -> None:
         if self._writer is not None:

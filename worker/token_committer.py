@@ -46,6 +46,7 @@ class _Pending:
     resumed: bool  # the record exists already (another worker created it)
     in_store: bool = False  # the record exists in Redis with this worker as its owner
     finish_status: RequestStatus | None = None
+    pause: bool = False  # paused for migration: mark it so once its tokens are in
 
 
 @dataclass
@@ -55,10 +56,12 @@ class _Round:
     claims: list[tuple[RequestRecord, bool]] = field(default_factory=list)
     commits: list[TokenCommit] = field(default_factory=list)
     finishes: list[tuple[str, RequestStatus]] = field(default_factory=list)
+    pauses: list[str] = field(default_factory=list)
     # what completed (a StoreUnavailable can stop the round midway)
     claimed: list[str] = field(default_factory=list)
     outcomes: dict[str, tuple[int, ConflictReason | None]] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)
+    paused: list[str] = field(default_factory=list)
 
 
 class TokenCommitter:
@@ -123,6 +126,14 @@ class TokenCommitter:
             pending.finish_status = status
             self._wake.set()
 
+    def pause(self, request_id: str) -> None:
+        """The request stopped here but lives on (a standby resumes it): commit what is
+        pending, then mark it PAUSED instead of ending it."""
+        pending = self._pending.get(request_id)
+        if pending is not None:
+            pending.pause = True
+            self._wake.set()
+
     # -- the flusher ----------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -166,7 +177,10 @@ class TokenCommitter:
 
     def _plan_needed(self) -> bool:
         return any(
-            not p.in_store or p.committed_length < len(p.token_ids) or p.finish_status is not None
+            not p.in_store
+            or p.committed_length < len(p.token_ids)
+            or p.finish_status is not None
+            or p.pause
             for p in self._pending.values()
         )
 
@@ -185,7 +199,9 @@ class TokenCommitter:
                 )
             elif pending.finish_status is not None and pending.in_store:
                 work.finishes.append((request_id, pending.finish_status))
-        if not (work.claims or work.commits or work.finishes):
+            elif pending.pause and pending.in_store:
+                work.pauses.append(request_id)
+        if not (work.claims or work.commits or work.finishes or work.pauses):
             return None
         return work
 
@@ -202,6 +218,12 @@ class TokenCommitter:
         for request_id, status in work.finishes:
             self._store.finish_request(request_id, status)
             work.finished.append(request_id)
+        for request_id in work.pauses:
+            try:
+                self._store.update_status(request_id, RequestStatus.PAUSED)
+            except (RequestNotFound, InvalidTransition) as exc:
+                log.warning("request %s could not be marked paused: %s", request_id, exc)
+            work.paused.append(request_id)
 
     def _claim(self, record: RequestRecord, resumed: bool) -> None:
         """Make the record exist, owned by this worker."""
@@ -244,7 +266,7 @@ class TokenCommitter:
                     reason.value,
                 )
                 del self._pending[request_id]
-        for request_id in work.finished:
+        for request_id in work.finished + work.paused:
             self._pending.pop(request_id, None)
 
 

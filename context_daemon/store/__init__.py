@@ -5,7 +5,13 @@ the atomic server-side steps; ``redis_link`` sends command batches and translate
 ``redis_store`` is the API the daemon uses, on Redis or Redis Cluster alike.
 """
 
-from context_daemon.store.block_codec import KVBlock, KVFormat, block_hashes, tail_hash
+from context_daemon.store.block_codec import (
+    BlockSummary,
+    KVBlock,
+    KVFormat,
+    block_hashes,
+    tail_hash,
+)
 from context_daemon.store.block_refs import BlockRead, BlockWrite, block_reads
 from context_daemon.store.errors import (
     BlockRejected,
@@ -25,6 +31,7 @@ from context_daemon.store.store_config import StoreConfig
 __all__ = [
     "BlockRead",
     "BlockRejected",
+    "BlockSummary",
     "BlockWrite",
     "CommitConflict",
     "CommitOutcome",

@@ -276,3 +276,27 @@ def decode_block(
         num_tokens=num_tokens,
         payload=bytes(view[header_len:]),
     )
+
+
+HEADER_FIXED_BYTES = _FIXED.size
+
+
+@dataclass(frozen=True)
+class BlockSummary:
+    """What a stored block's header claims, unverified: enough to tell whether the block that
+    a flush should have written is there, without fetching (or knowing the format of) its
+    payload. A reader that loads the block still verifies everything with ``decode_block``."""
+
+    num_tokens: int
+    prefix_hash: bytes
+
+
+def read_summary(data: bytes | None) -> BlockSummary | None:
+    """The summary of a header (at least HEADER_FIXED_BYTES of it); None if it is not one."""
+    if data is None or len(data) < _FIXED.size:
+        return None
+    fields = _FIXED.unpack_from(data)
+    magic, version, num_tokens, prefix_hash = fields[0], fields[1], fields[6], fields[8]
+    if magic != BLOCK_MAGIC or version != BLOCK_FORMAT_VERSION:
+        return None
+    return BlockSummary(num_tokens=int(num_tokens), prefix_hash=bytes(prefix_hash))

@@ -16,11 +16,14 @@ from typing import Any
 from context_daemon.constants import TOKEN_ID_BYTES
 from context_daemon.store import keys
 from context_daemon.store.block_codec import (
+    HEADER_FIXED_BYTES,
+    BlockSummary,
     KVBlock,
     KVFormat,
     decode_block,
     encode_block,
     pack_token_ids,
+    read_summary,
     unpack_token_ids,
 )
 from context_daemon.store.block_refs import BlockRead, BlockWrite
@@ -341,6 +344,14 @@ class RedisStore:
         """Which full blocks exist (unverified: a cheap probe for how much prefix is stored)."""
         results = self._run([("EXISTS", keys.block_key(h)) for h in block_hashes])
         return [bool(result) for result in results]
+
+    def tail_summary(self, request_id: str) -> BlockSummary | None:
+        """What the request's stored partial tail claims to hold (header only, unverified);
+        None when there is no tail."""
+        (data,) = self._run(
+            [("GETRANGE", keys.request_tail_key(request_id), 0, HEADER_FIXED_BYTES - 1)]
+        )
+        return read_summary(data or None)
 
     def block_ttl_seconds(self, block_hash: bytes) -> int:
         """Remaining lifetime of a full block (-2: absent, -1: no expiry)."""

@@ -107,18 +107,26 @@ Global___WatchNoticesRequest: _TypeAlias = WatchNoticesRequest  # noqa: Y015
 
 @_typing.final
 class NoticeEvent(_message.Message):
+    """A notice, or (with flush set) how far one request's flush got after that notice."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SOURCE_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
     DEADLINE_UNIX_FIELD_NUMBER: _builtins.int
     RECEIVED_UNIX_FIELD_NUMBER: _builtins.int
+    DAEMON_ID_FIELD_NUMBER: _builtins.int
+    FLUSH_FIELD_NUMBER: _builtins.int
     source: _builtins.str
-    """aws | gcp | azure | file"""
+    """aws | gcp | azure | file | manual"""
     action: _builtins.str
     """terminate | stop | rebalance | preempt"""
     deadline_unix: _builtins.float
+    """0: no deadline (a hint)"""
     received_unix: _builtins.float
+    daemon_id: _builtins.str
+    @_builtins.property
+    def flush(self) -> Global___FlushProgress: ...
     def __init__(
         self,
         *,
@@ -126,10 +134,12 @@ class NoticeEvent(_message.Message):
         action: _builtins.str = ...,
         deadline_unix: _builtins.float = ...,
         received_unix: _builtins.float = ...,
+        daemon_id: _builtins.str = ...,
+        flush: Global___FlushProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flush", b"flush"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "deadline_unix", b"deadline_unix", "received_unix", b"received_unix", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "daemon_id", b"daemon_id", "deadline_unix", b"deadline_unix", "flush", b"flush", "received_unix", b"received_unix", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -162,11 +172,20 @@ class FlushProgress(_message.Message):
     COMPLETE_FIELD_NUMBER: _builtins.int
     COMMITTED_TOKENS_FIELD_NUMBER: _builtins.int
     PERSISTED_BLOCKS_FIELD_NUMBER: _builtins.int
+    TAIL_PERSISTED_FIELD_NUMBER: _builtins.int
+    CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     complete: _builtins.bool
-    """every token and KV block of it is in the store"""
+    """every token and KV block of it is in the store, before the deadline"""
     committed_tokens: _builtins.int
     persisted_blocks: _builtins.int
+    """full blocks linked to the request, the tail not counted"""
+    tail_persisted: _builtins.bool
+    """the partial last block is stored (or there is none)"""
+    context_tokens: _builtins.int
+    """prompt + committed tokens"""
+    worker_id: _builtins.str
     def __init__(
         self,
         *,
@@ -174,10 +193,13 @@ class FlushProgress(_message.Message):
         complete: _builtins.bool = ...,
         committed_tokens: _builtins.int = ...,
         persisted_blocks: _builtins.int = ...,
+        tail_persisted: _builtins.bool = ...,
+        context_tokens: _builtins.int = ...,
+        worker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_tokens", b"committed_tokens", "complete", b"complete", "persisted_blocks", b"persisted_blocks", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_tokens", b"committed_tokens", "complete", b"complete", "context_tokens", b"context_tokens", "persisted_blocks", b"persisted_blocks", "request_id", b"request_id", "tail_persisted", b"tail_persisted", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -207,12 +229,28 @@ class DaemonStatus(_message.Message):
     COMMITTED_TOKENS_FIELD_NUMBER: _builtins.int
     PENDING_WRITES_FIELD_NUMBER: _builtins.int
     NOTICE_FIELD_NUMBER: _builtins.int
+    NOTICE_SOURCE_FIELD_NUMBER: _builtins.int
+    WORKER_ADDRESS_FIELD_NUMBER: _builtins.int
+    FLUSHES_FIELD_NUMBER: _builtins.int
+    LAST_FLUSH_FIELD_NUMBER: _builtins.int
+    WORKER_REACHABLE_FIELD_NUMBER: _builtins.int
     store_available: _builtins.bool
     persisted_bytes: _builtins.int
     committed_tokens: _builtins.int
     pending_writes: _builtins.int
+    notice_source: _builtins.str
+    worker_address: _builtins.str
+    flushes: _builtins.int
+    """flushes started (notices and manual)"""
+    worker_reachable: _builtins.bool
     @_builtins.property
-    def notice(self) -> Global___NoticeEvent: ...
+    def notice(self) -> Global___NoticeEvent:
+        """the last notice seen (unset while none)"""
+
+    @_builtins.property
+    def last_flush(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlushProgress]:
+        """per request, as the last flush reported it"""
+
     def __init__(
         self,
         *,
@@ -221,10 +259,15 @@ class DaemonStatus(_message.Message):
         committed_tokens: _builtins.int = ...,
         pending_writes: _builtins.int = ...,
         notice: Global___NoticeEvent | None = ...,
+        notice_source: _builtins.str = ...,
+        worker_address: _builtins.str = ...,
+        flushes: _builtins.int = ...,
+        last_flush: _abc.Iterable[Global___FlushProgress] | None = ...,
+        worker_reachable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["notice", b"notice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_tokens", b"committed_tokens", "notice", b"notice", "pending_writes", b"pending_writes", "persisted_bytes", b"persisted_bytes", "store_available", b"store_available"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_tokens", b"committed_tokens", "flushes", b"flushes", "last_flush", b"last_flush", "notice", b"notice", "notice_source", b"notice_source", "pending_writes", b"pending_writes", "persisted_bytes", b"persisted_bytes", "store_available", b"store_available", "worker_address", b"worker_address", "worker_reachable", b"worker_reachable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,6 +17,26 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class PreemptRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEADLINE_UNIX_FIELD_NUMBER: _builtins.int
+    deadline_unix: _builtins.float
+    """when the VM goes away; 0: no deadline known"""
+    def __init__(
+        self,
+        *,
+        deadline_unix: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_unix", b"deadline_unix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreemptRequest: _TypeAlias = PreemptRequest  # noqa: Y015
+
+@_typing.final
 class ResumeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from protos.spotinfer.v1 import common_pb2 as protos_dot_spotinfer_dot_v1_dot_common__pb2
+from protos.spotinfer.v1 import daemon_pb2 as protos_dot_spotinfer_dot_v1_dot_daemon__pb2
 from protos.spotinfer.v1 import worker_pb2 as protos_dot_spotinfer_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -60,6 +61,11 @@ class WorkerStub:
                 request_serializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
                 response_deserializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.WorkerStats.FromString,
                 _registered_method=True)
+        self.Preempt = channel.unary_stream(
+                '/spotinfer.v1.Worker/Preempt',
+                request_serializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.PreemptRequest.SerializeToString,
+                response_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.FlushProgress.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -96,6 +102,17 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Preempt(self, request, context):
+        """A termination notice: stop admitting, pause every in-flight request at an iteration
+        boundary and persist its tokens, unsaved full KV blocks and partial tail before the
+        deadline. One FlushProgress per request; the stream ends when every request is complete
+        or the deadline passed (the rest then come with complete = false). Paused requests stay
+        live in the store (status paused) for a standby to resume.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +140,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.StatsRequest.FromString,
                     response_serializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.WorkerStats.SerializeToString,
+            ),
+            'Preempt': grpc.unary_stream_rpc_method_handler(
+                    servicer.Preempt,
+                    request_deserializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.PreemptRequest.FromString,
+                    response_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.FlushProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -260,6 +282,33 @@ class Worker:
             '/spotinfer.v1.Worker/Stats',
             protos_dot_spotinfer_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
             protos_dot_spotinfer_dot_v1_dot_worker__pb2.WorkerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Preempt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/spotinfer.v1.Worker/Preempt',
+            protos_dot_spotinfer_dot_v1_dot_worker__pb2.PreemptRequest.SerializeToString,
+            protos_dot_spotinfer_dot_v1_dot_daemon__pb2.FlushProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ The internal service of one worker (one vLLM engine); only the coordinator calls
 from collections import abc as _abc
 from grpc import aio as _aio
 from protos.spotinfer.v1 import common_pb2 as _common_pb2
+from protos.spotinfer.v1 import daemon_pb2 as _daemon_pb2
 from protos.spotinfer.v1 import worker_pb2 as _worker_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -38,6 +39,13 @@ class WorkerStub:
     Abort: _grpc.UnaryUnaryMultiCallable[_worker_pb2.AbortRequest, _worker_pb2.AbortResponse]
     Drain: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DrainRequest, _worker_pb2.DrainResponse]
     Stats: _grpc.UnaryUnaryMultiCallable[_worker_pb2.StatsRequest, _worker_pb2.WorkerStats]
+    Preempt: _grpc.UnaryStreamMultiCallable[_worker_pb2.PreemptRequest, _daemon_pb2.FlushProgress]
+    """A termination notice: stop admitting, pause every in-flight request at an iteration
+    boundary and persist its tokens, unsaved full KV blocks and partial tail before the
+    deadline. One FlushProgress per request; the stream ends when every request is complete
+    or the deadline passed (the rest then come with complete = false). Paused requests stay
+    live in the store (status paused) for a standby to resume.
+    """
 
 @_typing.type_check_only
 class WorkerAsyncStub(WorkerStub):
@@ -48,6 +56,13 @@ class WorkerAsyncStub(WorkerStub):
     Abort: _aio.UnaryUnaryMultiCallable[_worker_pb2.AbortRequest, _worker_pb2.AbortResponse]  # type: ignore[assignment]
     Drain: _aio.UnaryUnaryMultiCallable[_worker_pb2.DrainRequest, _worker_pb2.DrainResponse]  # type: ignore[assignment]
     Stats: _aio.UnaryUnaryMultiCallable[_worker_pb2.StatsRequest, _worker_pb2.WorkerStats]  # type: ignore[assignment]
+    Preempt: _aio.UnaryStreamMultiCallable[_worker_pb2.PreemptRequest, _daemon_pb2.FlushProgress]  # type: ignore[assignment]
+    """A termination notice: stop admitting, pause every in-flight request at an iteration
+    boundary and persist its tokens, unsaved full KV blocks and partial tail before the
+    deadline. One FlushProgress per request; the stream ends when every request is complete
+    or the deadline passed (the rest then come with complete = false). Paused requests stay
+    live in the store (status paused) for a standby to resume.
+    """
 
 class WorkerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -85,5 +100,18 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         request: _worker_pb2.StatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_worker_pb2.WorkerStats, _abc.Awaitable[_worker_pb2.WorkerStats]]: ...
+
+    @_abc_1.abstractmethod
+    def Preempt(
+        self,
+        request: _worker_pb2.PreemptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_daemon_pb2.FlushProgress], _abc.AsyncIterator[_daemon_pb2.FlushProgress]]:
+        """A termination notice: stop admitting, pause every in-flight request at an iteration
+        boundary and persist its tokens, unsaved full KV blocks and partial tail before the
+        deadline. One FlushProgress per request; the stream ends when every request is complete
+        or the deadline passed (the rest then come with complete = false). Paused requests stay
+        live in the store (status paused) for a standby to resume.
+        """
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

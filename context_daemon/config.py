@@ -1,0 +1,130 @@
+"""The daemon's one configuration object; the only place in the daemon that reads the
+environment.
+
+CLI flags are derived from the fields (`add_arguments` / `from_args`): `--notice-source` for
+`notice_source`, the field's help as the flag's help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from context_daemon.constants import (
+    DEFAULT_DAEMON_PORT,
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_WORKER_ADDRESS,
+    NOTICE_SOURCES,
+)
+
+
+def _default_daemon_id() -> str:
+    return os.environ.get("SPOTINFER_DAEMON_ID") or f"daemon-{os.uname().nodename}"
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    notice_source: str = field(
+        default="aws", metadata={"help": f"where termination notices come from: {NOTICE_SOURCES}"}
+    )
+    metadata_url: str = field(
+        default="",
+        metadata={"help": "base URL of the metadata service; empty: the cloud's own address"},
+    )
+    notice_file: str = field(
+        default="", metadata={"help": "notice source file: the path whose appearance is a notice"}
+    )
+    azure_vm_name: str = field(
+        default="", metadata={"help": "notice source azure: this VM's name in scheduled events"}
+    )
+    worker_address: str = field(
+        default=DEFAULT_WORKER_ADDRESS,
+        metadata={"help": "the local worker's gRPC address: host:port or unix:/path"},
+    )
+    redis_url: str = field(
+        default="", metadata={"help": "Redis the worker persists to (for Status); empty: none"}
+    )
+    host: str = field(default="0.0.0.0", metadata={"help": "address to listen on"})
+    port: int = field(
+        default=DEFAULT_DAEMON_PORT, metadata={"help": "gRPC port; 0 picks a free one"}
+    )
+    grace_seconds: float = field(
+        default=0.0,
+        metadata={
+            "help": "grace when a notice carries no deadline (GCP: its notice length); "
+            "0: the cloud's default (aws 120, gcp 30, azure 30, file 30)"
+        },
+    )
+    poll_interval_seconds: float = field(
+        default=0.0, metadata={"help": "seconds between metadata polls; 0: the source's default"}
+    )
+    daemon_id: str = field(
+        default_factory=_default_daemon_id, metadata={"help": "name in logs and notices"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.notice_source not in NOTICE_SOURCES:
+            raise ValueError(
+                f"notice_source must be one of {NOTICE_SOURCES}, got {self.notice_source!r}"
+            )
+        if self.notice_source == "file" and not self.notice_file:
+            raise ValueError("notice_source file needs notice_file (the path to watch)")
+        if self.notice_source == "azure" and not self.azure_vm_name:
+            raise ValueError("notice_source azure needs azure_vm_name")
+        if self.metadata_url and not self.metadata_url.startswith(("http://", "https://")):
+            raise ValueError(f"metadata_url must be an http(s) URL, got {self.metadata_url!r}")
+        if not self.worker_address:
+            raise ValueError("worker_address must name the local worker")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.grace_seconds < 0 or self.poll_interval_seconds < 0:
+            raise ValueError("grace_seconds and poll_interval_seconds must not be negative")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"redis_url must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}"
+            )
+
+    @property
+    def effective_grace_seconds(self) -> float:
+        return self.grace_seconds or DEFAULT_GRACE_SECONDS[self.notice_source]
+
+    def watcher_options(self) -> dict[str, Any]:
+        """Constructor options of the notice watcher this config names."""
+        options: dict[str, Any] = {}
+        if self.poll_interval_seconds:
+            options["poll_interval_seconds"] = self.poll_interval_seconds
+        if self.notice_source in ("aws", "gcp", "azure") and self.metadata_url:
+            options["base_url"] = self.metadata_url
+        if self.notice_source == "gcp":
+            options["notice_seconds"] = self.effective_grace_seconds
+        elif self.notice_source == "file":
+            options["path"] = self.notice_file
+            options["grace_seconds"] = self.effective_grace_seconds
+        elif self.notice_source == "azure":
+            options["vm_name"] = self.azure_vm_name
+        return options
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field, help from the field's metadata."""
+        for f in dataclasses.fields(cls):
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"),
+                type={"int": int, "float": float}.get(str(f.type), str),
+                default=None,
+                help=f.metadata.get("help", ""),
+            )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **overrides: Any) -> DaemonConfig:
+        """The config from parsed flags; unset flags keep the field defaults."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            value = getattr(args, f.name, None)
+            if value is not None:
+                values[f.name] = value
+        values.update(overrides)
+        return cls(**values)
