@@ -21,7 +21,7 @@ from context_daemon.notices import (
     registered_watchers,
 )
 from context_daemon.notices.metadata_http import MetadataHttp
-from tests.context_daemon.metadata_servers import (
+from spotinfer.local.metadata_servers import (
     AwsImds,
     AzureScheduledEvents,
     GcpMetadata,

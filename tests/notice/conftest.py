@@ -13,7 +13,7 @@ import pytest
 from context_daemon.store import RedisStore
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.worker_process import WorkerProcess
-from tests.context_daemon.metadata_servers import MetadataServer
+from spotinfer.local.metadata_servers import MetadataServer
 from tests.resume.conftest import MAX_MODEL_LEN
 from tests.support.redis_server import RedisServer
 
