@@ -23,9 +23,15 @@ START_TIMEOUT_SECONDS = 60.0
 
 
 class CoordinatorProcess:
-    def __init__(self, *flags: str, log_dir: Path | None = None) -> None:
-        self.port = free_port()
-        self.http_port = free_port()
+    def __init__(
+        self,
+        *flags: str,
+        log_dir: Path | None = None,
+        port: int | None = None,
+        http_port: int | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.http_port = http_port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.http_url = f"http://127.0.0.1:{self.http_port}"
         self._cmd = [

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.generate",
     "spotinfer.commands.coordinator",
     "spotinfer.commands.daemon",
+    "spotinfer.commands.drill",
 )
 
 

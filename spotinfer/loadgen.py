@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from protos.spotinfer.v1 import common_pb2, inference_pb2_grpc, worker_pb2_grpc
+from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc, worker_pb2_grpc
+
+
+REATTACH_ATTEMPTS = 40
+REATTACH_BACKOFF_SECONDS = 0.5
 
 
 class Arrival(str, enum.Enum):
@@ -96,6 +100,7 @@ class RequestTrace:
     events: list[TraceEvent] = field(default_factory=list)
     duplicates: int = 0
     gaps: int = 0
+    reattached: int = 0  # times the stream broke and was picked up with Attach
 
     @property
     def ok(self) -> bool:
@@ -193,6 +198,7 @@ async def run_load(
     timeout_seconds: float = 600.0,
     ignore_eos: bool = True,
     on_done: Callable[[RequestTrace], None] | None = None,
+    on_start: Callable[[RequestTrace], None] | None = None,
 ) -> list[RequestTrace]:
     """Sends every planned request at its offset, streams it, and keeps per-token times."""
     async with grpc.aio.insecure_channel(target) as channel:
@@ -203,7 +209,7 @@ async def run_load(
             delay = start + request.send_offset_seconds - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            trace = await _stream_one(stub, request, timeout_seconds, ignore_eos)
+            trace = await _stream_one(stub, request, timeout_seconds, ignore_eos, on_start)
             if on_done is not None:
                 on_done(trace)
             return trace
@@ -212,7 +218,11 @@ async def run_load(
 
 
 async def _stream_one(
-    stub: object, request: PlannedRequest, timeout_seconds: float, ignore_eos: bool
+    stub: object,
+    request: PlannedRequest,
+    timeout_seconds: float,
+    ignore_eos: bool,
+    on_start: Callable[[RequestTrace], None] | None = None,
 ) -> RequestTrace:
     trace = RequestTrace(
         request_id=request.request_id,
@@ -227,13 +237,34 @@ async def _stream_one(
         sla_class=request.sla_class,  # type: ignore[arg-type]
     )
     trace.sent_at = time.perf_counter()
-    try:
-        async for response in stub.Generate(message, timeout=timeout_seconds):  # type: ignore[attr-defined]
-            now = time.perf_counter()
-            _record(trace, response, now)
-    except grpc.aio.AioRpcError as exc:
-        trace.error_code = exc.code().name
-    return trace
+    if on_start is not None:
+        on_start(trace)  # lets a drill watch the stream while it runs
+    stream = stub.Generate(message, timeout=timeout_seconds)  # type: ignore[attr-defined]
+    reattached = 0
+    while True:
+        try:
+            async for response in stream:
+                _record(trace, response, time.perf_counter())
+            return trace
+        except grpc.aio.AioRpcError as exc:
+            # A client of the public service picks a broken stream up again where it was,
+            # as `spotinfer.client` does; a worker has no Attach.
+            if (
+                not isinstance(stub, inference_pb2_grpc.InferenceStub)
+                or exc.code() != grpc.StatusCode.UNAVAILABLE
+                or reattached >= REATTACH_ATTEMPTS
+            ):
+                trace.error_code = exc.code().name
+                return trace
+        reattached += 1
+        trace.reattached = reattached
+        await asyncio.sleep(REATTACH_BACKOFF_SECONDS)
+        stream = stub.Attach(
+            inference_pb2.AttachRequest(
+                request_id=request.request_id, from_index=len(trace.token_ids)
+            ),
+            timeout=timeout_seconds,
+        )
 
 
 def _record(trace: RequestTrace, response: common_pb2.GenerateResponse, now: float) -> None:

@@ -61,6 +61,7 @@ class RedisProcess:
             *("--appendonly", "no"),
             *("--dir", str(self._dir)),
         ]
+        self._dir.mkdir(parents=True, exist_ok=True)
         with (self._dir / "redis.log").open("ab") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
@@ -70,6 +71,12 @@ class RedisProcess:
                 raise RuntimeError(f"redis-server on port {self.port} did not come up")
             time.sleep(POLL_INTERVAL_SECONDS)
         return self
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; `start()` brings it back on the same port, empty."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(STOP_TIMEOUT_SECONDS)
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:

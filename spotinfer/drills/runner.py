@@ -1,0 +1,185 @@
+"""Runs one drill: load through the coordinator, a scenario disturbing the cluster, then the
+verdict on every invariant (see `spotinfer.drills.report`).
+
+    load thread ──── requests stream through the coordinator ─────────────▶ traces
+    scenario thread ───── wait mid-stream ── notice / kill / restart ──▶ cluster events
+    afterwards: reference outputs (the same requests on an undisturbed worker, greedy),
+                leak check in Redis, report + timeline PNG
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from spotinfer.drills.report import DrillReport, build_report
+from spotinfer.drills.scenarios import DrillContext, scenario_named
+from spotinfer.drills.timeline import plot_timeline
+from spotinfer.loadgen import LoadSpec, PlannedRequest, RequestTrace, plan_requests, run_load
+
+LEAK_WAIT_SECONDS = 20.0
+KV_BLOCK_TOKENS_CPU = 128
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    scenario: str
+    requests: int = 16
+    rate_per_second: float = 0.0  # 0: all at once
+    prompt_tokens: tuple[int, int] = (32, 96)
+    output_tokens: tuple[int, int] = (200, 300)
+    time_scale: float = 1.0
+    grace_seconds: float | None = None
+    interval_seconds: float = 30.0
+    duration_seconds: float = 300.0
+    trace_file: Path | None = None
+    seed: int = 0
+    block_tokens: int = KV_BLOCK_TOKENS_CPU
+
+
+@dataclass
+class DrillOutcome:
+    report: DrillReport
+    traces: list[RequestTrace]
+    references: dict[str, list[int]]
+    png: Path | None = None
+
+
+def plan(options: DrillOptions, vocab_size: int) -> list[PlannedRequest]:
+    spec = LoadSpec(
+        num_requests=options.requests,
+        rate_per_second=options.rate_per_second,
+        prompt_tokens=options.prompt_tokens,
+        output_tokens=options.output_tokens,
+        vocab_high=vocab_size,
+        seed=options.seed,
+    )
+    return plan_requests(spec, prefix=f"drill-{options.scenario}-{int(time.time())}")
+
+
+def run_drill(
+    cluster: object,
+    options: DrillOptions,
+    planned: Sequence[PlannedRequest],
+    png: Path | None = None,
+    say: Callable[[str], None] = print,
+) -> DrillOutcome:
+    from spotinfer.local.cluster import LocalCluster
+
+    assert isinstance(cluster, LocalCluster)
+    scenario = scenario_named(options.scenario)
+    ctx = DrillContext(
+        cluster=cluster,
+        time_scale=options.time_scale,
+        grace_seconds=options.grace_seconds,
+        interval_seconds=options.interval_seconds,
+        duration_seconds=options.duration_seconds,
+        trace_file=options.trace_file,
+        say=say,
+    )
+    traces: list[RequestTrace] = []
+    failure: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            traces.extend(
+                asyncio.run(
+                    run_load(
+                        cluster.coordinator.address,
+                        planned,
+                        service="inference",
+                        on_start=ctx.live.append,
+                    )
+                )
+            )
+        finally:
+            ctx.done.set()
+
+    def disturb() -> None:
+        try:
+            scenario.disturb(ctx)
+        except BaseException as exc:  # reported after the load, never swallowed
+            failure.append(exc)
+
+    load_thread = threading.Thread(target=load, name="drill-load")
+    disturb_thread = threading.Thread(target=disturb, name="drill-scenario", daemon=True)
+    load_thread.start()
+    disturb_thread.start()
+    load_thread.join()
+    disturb_thread.join(timeout=60)
+    if failure:
+        raise failure[0]
+    say(f"{len(traces)} request(s) done; computing reference outputs on an undisturbed worker")
+    references = reference_outputs(cluster, planned)
+    leaked = leaked_keys(cluster.redis_url, [p.request_id for p in planned])
+    report = build_report(
+        scenario=options.scenario,
+        policy=cluster.config.policy,
+        traces=traces,
+        reference=references,
+        leaked_keys=leaked,
+        block_tokens=options.block_tokens,
+        expect_zero_recompute=scenario.expect_zero_recompute
+        and cluster.config.policy == "spotinfer",
+    )
+    if options.time_scale != 1.0:
+        report.notes.append(f"time scaled ×{options.time_scale:g} (grace periods too)")
+    outcome = DrillOutcome(report=report, traces=traces, references=references)
+    if png is not None:
+        outcome.png = plot_timeline(
+            traces, cluster.events, png, f"{options.scenario} drill ({cluster.config.policy})"
+        )
+    return outcome
+
+
+def reference_outputs(cluster: object, planned: Sequence[PlannedRequest]) -> dict[str, list[int]]:
+    """The same requests, greedy, on one undisturbed worker, straight through Worker.Generate."""
+    from spotinfer.local.cluster import LocalCluster
+
+    assert isinstance(cluster, LocalCluster)
+    serving = cluster.active_nodes()
+    if not serving:
+        cluster.add_standby()
+        serving = cluster.active_nodes()
+    reference_plan = [
+        PlannedRequest(
+            request_id=f"ref-{p.request_id}",
+            send_offset_seconds=0.0,
+            prompt_token_ids=p.prompt_token_ids,
+            max_tokens=p.max_tokens,
+            sla_class=p.sla_class,
+        )
+        for p in planned
+    ]
+    traces = asyncio.run(run_load(serving[0].worker.address, reference_plan, service="worker"))
+    return {p.request_id: t.token_ids for p, t in zip(planned, traces, strict=True) if t.ok}
+
+
+def leaked_keys(redis_url: str, request_ids: Sequence[str]) -> int:
+    """Keys of these (finished) requests still in Redis after the retention, plus any key of
+    ours that would never expire. Waits a little: finishing is asynchronous."""
+    import redis
+
+    from context_daemon.store import keys
+
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + LEAK_WAIT_SECONDS
+    try:
+        while True:
+            ours = [k.decode() for k in client.scan_iter(match=keys.schema_pattern(), count=1000)]
+            owned = [
+                k
+                for k in ours
+                if any(f"{{{rid}}}" in k or f"{{ref-{rid}}}" in k for rid in request_ids)
+            ]
+            immortal = [k for k in ours if client.ttl(k) == -1]
+            leaked = set(owned) | set(immortal)
+            if not leaked or time.monotonic() > deadline:
+                return len(leaked)
+            time.sleep(0.5)
+    finally:
+        client.close()

@@ -1,0 +1,280 @@
+"""A whole spotinfer cluster on one machine, on embedded defaults.
+
+    redis-server (own, free port) ◀──────────────┬─────────────────┐
+         ▲                                         │                 │
+    coordinator ──▶ node-0: worker ◀── daemon ◀── metadata server (AWS / GCP / Azure format)
+     (gRPC + HTTP)  node-1: worker ◀── daemon ◀── metadata server
+                    node-2: worker (standby) ◀── daemon ◀── metadata server
+
+Every node is a worker process, its context daemon and a local metadata server that speaks
+the cloud's format, so a drill preempts a node exactly as the cloud would: the metadata
+server starts announcing the termination, the node's daemon sees it, and the rest is the
+product's own reaction. `kill` is the unannounced loss: worker and daemon die at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spotinfer.drills.report import ClusterEvent
+from spotinfer.local.daemon_process import DaemonProcess
+from spotinfer.local.metadata_servers import MetadataServer, metadata_server_for
+from spotinfer.local.redis_process import RedisProcess
+from spotinfer.local.worker_process import WorkerProcess
+
+log = logging.getLogger(__name__)
+
+CLOUDS = ("aws", "gcp", "azure")
+# What each cloud gives between the notice and the termination.
+DEFAULT_GRACE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+FAILOVER_BY_POLICY = {"spotinfer": "resume", "reroute": "reroute"}
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    model: str
+    workers: int = 1
+    standbys: int = 1
+    port: int = 0  # coordinator gRPC; 0: a free port
+    http_port: int = 0
+    redis_url: str = ""  # empty: start our own redis-server
+    cloud: str = "aws"
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    memory_gib: float = 1.0  # per worker: weights + KV + 10% reserve
+    persist_policy: str = "eager"
+    policy: str = "spotinfer"  # spotinfer | reroute (restart preempted requests from scratch)
+    coordinator_flags: tuple[str, ...] = ()
+    log_dir: Path = field(default_factory=lambda: Path("/tmp/spotinfer-cluster"))
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError("a cluster needs at least one active worker (--workers)")
+        if self.standbys < 0:
+            raise ValueError("--standbys must not be negative")
+        if self.cloud not in CLOUDS:
+            raise ValueError(f"cloud must be one of {CLOUDS}, got {self.cloud!r}")
+        if self.policy not in FAILOVER_BY_POLICY:
+            raise ValueError(f"policy must be one of {sorted(FAILOVER_BY_POLICY)}")
+
+    @property
+    def grace_seconds(self) -> float:
+        return DEFAULT_GRACE_SECONDS[self.cloud]
+
+
+@dataclass
+class Node:
+    name: str
+    role: str  # active | standby
+    metadata: MetadataServer
+    worker: WorkerProcess
+    daemon: DaemonProcess | None = None
+    alive: bool = True
+
+
+class LocalCluster:
+    """Starts, disturbs and stops a cluster; every disturbance is recorded as a ClusterEvent."""
+
+    def __init__(
+        self, config: ClusterConfig, on_progress: Callable[[str], None] | None = None
+    ) -> None:
+        self.config = config
+        self._say = on_progress or (lambda message: log.info(message))
+        self.redis: RedisProcess | None = None
+        self.redis_url = config.redis_url
+        self.coordinator: Any = None
+        self.nodes: dict[str, Node] = {}
+        self.events: list[ClusterEvent] = []
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> LocalCluster:
+        self.config.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not self.redis_url:
+                self.redis = RedisProcess().start()
+                self.redis_url = self.redis.url
+                self._say(f"redis-server at {self.redis_url}")
+            self._start_coordinator()
+            roles = ["active"] * self.config.workers + ["standby"] * self.config.standbys
+            self._start_nodes([(f"node-{i}", role) for i, role in enumerate(roles)])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_coordinator(self) -> None:
+        from coordinator.local_process import CoordinatorProcess
+
+        flags = (
+            *("--model", self.config.model),
+            *("--redis-url", self.redis_url),
+            *("--failover-policy", FAILOVER_BY_POLICY[self.config.policy]),
+            *self.config.coordinator_flags,
+        )
+        self.coordinator = CoordinatorProcess(
+            *flags,
+            log_dir=self.config.log_dir,
+            port=self.config.port or None,
+            http_port=self.config.http_port or None,
+        ).start()
+        self._say(f"coordinator at {self.coordinator.address} (HTTP {self.coordinator.http_url})")
+
+    def _start_nodes(self, names_and_roles: list[tuple[str, str]]) -> None:
+        """Workers load in parallel (the slow part), then daemons, then registration."""
+        nodes = [self._new_node(name, role) for name, role in names_and_roles]
+        errors: list[BaseException] = []
+
+        def load(node: Node) -> None:
+            try:
+                node.worker.start()
+            except BaseException as exc:  # reported below, after every thread is done
+                errors.append(exc)
+
+        threads = [threading.Thread(target=load, args=(node,)) for node in nodes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        with self._lock:
+            for node in nodes:
+                self.nodes[node.name] = node
+        if errors:
+            raise errors[0]
+        for node in nodes:
+            node.daemon = self._daemon_for(node).start()
+            self._register(node)
+            self._say(f"{node.name} ({node.role}) ready: worker {node.worker.address}")
+
+    def _new_node(self, name: str, role: str) -> Node:
+        metadata = metadata_server_for(self.config.cloud).__enter__()
+        worker = WorkerProcess(
+            self.config.model,
+            *("--worker-id", name),
+            *("--dtype", self.config.dtype),
+            *("--max-model-len", str(self.config.max_model_len)),
+            *("--memory-gib", str(self.config.memory_gib)),
+            *("--redis-url", self.redis_url),
+            *("--kv-persist-policy", self.config.persist_policy),
+            log_dir=self.config.log_dir,
+        )
+        return Node(name=name, role=role, metadata=metadata, worker=worker)
+
+    def _daemon_for(self, node: Node) -> DaemonProcess:
+        return DaemonProcess(
+            *("--notice-source", self.config.cloud),
+            *("--metadata-url", node.metadata.base_url),
+            *("--worker-address", node.worker.address),
+            *("--redis-url", self.redis_url),
+            *("--azure-vm-name", node.name),
+            *("--poll-interval-seconds", "0.5"),
+            log_dir=self.config.log_dir,
+        )
+
+    def _register(self, node: Node) -> None:
+        from protos.spotinfer.v1 import control_pb2
+
+        role = (
+            control_pb2.WORKER_ROLE_STANDBY
+            if node.role == "standby"
+            else control_pb2.WORKER_ROLE_ACTIVE
+        )
+        request = control_pb2.RegisterWorkerRequest(
+            worker_id=node.name, address=node.worker.address, role=role
+        )
+        if node.daemon is not None and "daemon_address" in request.DESCRIPTOR.fields_by_name:
+            request.daemon_address = node.daemon.address  # type: ignore[attr-defined]
+        self.coordinator.control.RegisterWorker(request, timeout=10)
+
+    def stop(self) -> None:
+        """Everything we started goes, children included; safe to call twice."""
+        for node in list(self.nodes.values()):
+            if node.daemon is not None:
+                node.daemon.stop()
+            node.worker.stop()
+            node.metadata.__exit__(None, None, None)
+        self.nodes.clear()
+        if self.coordinator is not None:
+            self.coordinator.stop()
+            self.coordinator = None
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- disturbances ------------------------------------------------------------------
+
+    def _record(self, kind: str, target: str = "", detail: str = "") -> None:
+        self.events.append(ClusterEvent(time.perf_counter(), kind, target, detail))
+
+    def active_nodes(self) -> list[Node]:
+        """Nodes that can serve (alive, not under a notice): active ones first."""
+        serving = [n for n in self.nodes.values() if n.alive and n.role != "preempted"]
+        return sorted(serving, key=lambda n: n.role != "active")
+
+    def preempt(self, name: str, grace_seconds: float | None = None) -> None:
+        """The cloud's termination notice for `name`, in the cloud's own format."""
+        node = self.nodes[name]
+        grace = grace_seconds if grace_seconds is not None else self.config.grace_seconds
+        node.metadata.announce_termination(grace)  # type: ignore[attr-defined]
+        node.role = "preempted"
+        self._record("notice", name, f"{self.config.cloud}, {grace:g} s")
+
+    def terminate(self, name: str) -> None:
+        """The end of a grace period (or an unannounced loss): the VM is gone."""
+        node = self.nodes[name]
+        node.worker.kill()
+        if node.daemon is not None:
+            node.daemon.stop(timeout=1)
+        node.alive = False
+
+    def kill(self, name: str) -> None:
+        """SIGKILL with no notice."""
+        self._record("kill", name)
+        self.terminate(name)
+
+    def restart_redis(self) -> None:
+        if self.redis is None:
+            raise RuntimeError("the cluster uses an outside Redis; it cannot restart it")
+        self._record("redis-restart")
+        self.redis.kill()
+        self.redis.start()
+
+    def restart_coordinator(self, down_seconds: float = 1.0) -> None:
+        from coordinator.local_process import CoordinatorProcess
+
+        self._record("coordinator-restart")
+        port, http_port = self.coordinator.port, self.coordinator.http_port
+        self.coordinator.kill() if hasattr(self.coordinator, "kill") else self.coordinator.stop()
+        time.sleep(down_seconds)
+        flags = (
+            *("--model", self.config.model),
+            *("--redis-url", self.redis_url),
+            *("--failover-policy", FAILOVER_BY_POLICY[self.config.policy]),
+            *self.config.coordinator_flags,
+        )
+        self.coordinator = CoordinatorProcess(
+            *flags, log_dir=self.config.log_dir, port=port, http_port=http_port
+        ).start()
+        for node in self.nodes.values():
+            if node.alive:
+                self._register(node)
+
+    def add_standby(self) -> Node:
+        """A new node joins (a spot VM became available): it loads and waits as a standby."""
+        name = f"node-{len(self.nodes)}"
+        self._record("join", name)
+        self._start_nodes([(name, "standby")])
+        return self.nodes[name]
