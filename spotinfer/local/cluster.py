@@ -257,7 +257,7 @@ class LocalCluster:
 
         self._record("coordinator-restart")
         port, http_port = self.coordinator.port, self.coordinator.http_port
-        self.coordinator.kill() if hasattr(self.coordinator, "kill") else self.coordinator.stop()
+        self.coordinator.kill()
         time.sleep(down_seconds)
         flags = (
             *("--model", self.config.model),
