@@ -1,131 +1,120 @@
-"""`spotinfer demo`: a worker on a real model answering real prompts, then a report.
+"""`spotinfer demo`: a local cluster answers real prompts through a spot preemption.
 
-What runs today: the demo model, one worker process (vLLM behind the Worker gRPC service),
-a handful of chat prompts streamed concurrently, and a report of what the worker did. The
-coordinator, the context daemon and the preemption drill join this command as they land.
+The cluster runs on embedded defaults (its own redis-server, a coordinator, an active worker
+and a warm standby, each with its daemon and an AWS-format metadata server). Mid-generation
+the active worker's metadata server announces a spot termination, exactly as EC2 would; the
+answers migrate to the standby. The report is the `notice` drill's verdict on every
+invariant, the answers, and a timeline PNG.
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from spotinfer.errors import UserError
+
 DEMO_PROMPTS = (
-    "What is the capital of France?",
-    "Give me two tips for staying focused while studying.",
-    "Explain in one sentence what a spot virtual machine is.",
-    "Write a haiku about the sea.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a refrigerator keeps food cold, step by step.",
+    "Describe a walk through a busy market in the morning.",
+    "Give a detailed plan for learning to play the guitar in three months.",
+    "What is the capital of France? Tell me about its history.",
+    "Write a letter to a friend about a trip to the mountains.",
 )
-
-
-@dataclass
-class _Answer:
-    prompt: str
-    text: str = ""
-    tokens: int = 0
-    ttft_ms: float = 0.0
-    seconds: float = 0.0
-    finish: str = ""
-    indices_ok: bool = True
-    chunks: list[int] = field(default_factory=list)
 
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "demo", help="serve real prompts on the demo model and print a report"
+        "demo", help="a local cluster answers real prompts through a spot preemption"
     )
     parser.add_argument("--model", default="smollm2-135m", help="model folder or name")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--cloud", choices=("aws", "gcp", "azure"), default="aws")
+    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="report folder")
     parser.set_defaults(func=run)
-
-
-def _ask(stub: Any, prompt_ids: list[int], answer: _Answer, max_tokens: int) -> None:
-    from protos.spotinfer.v1 import common_pb2
-
-    request = common_pb2.GenerateRequest(
-        prompt_token_ids=prompt_ids,
-        sampling=common_pb2.SamplingParams(max_tokens=max_tokens),
-    )
-    start = time.perf_counter()
-    for response in stub.Generate(request, timeout=600):
-        if response.token_ids and not answer.tokens:
-            answer.ttft_ms = (time.perf_counter() - start) * 1000
-        answer.indices_ok &= response.index == answer.tokens
-        answer.tokens += len(response.token_ids)
-        answer.text += response.text
-        if response.finish_reason:
-            answer.finish = common_pb2.FinishReason.Name(response.finish_reason)[14:].lower()
-    answer.seconds = time.perf_counter() - start
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
+    from rich.panel import Panel
     from transformers import AutoTokenizer
 
-    from protos.spotinfer.v1 import worker_pb2
-    from spotinfer.errors import UserError
-    from spotinfer.local.worker_process import WorkerProcess
+    from protos.spotinfer.v1 import common_pb2
+    from spotinfer.drills.report import verdict_table
+    from spotinfer.drills.runner import DrillOptions, run_drill
+    from spotinfer.loadgen import PlannedRequest
+    from spotinfer.local.cluster import ClusterConfig, LocalCluster
     from spotinfer.models.smollm2 import resolve_model
 
     console = Console()
     model = str(resolve_model(args.model))
+    if not Path(model, "config.json").exists():
+        raise UserError(f"model {args.model!r}: no such model folder (need config.json)")
     tokenizer = AutoTokenizer.from_pretrained(model)
-    console.print(f"[bold]model[/] {model}")
-    with console.status("starting a worker (vLLM engine) ..."):
-        try:
-            worker = WorkerProcess(
-                model, "--dtype", "float32", "--max-model-len", "2048", "--memory-gib", "2"
-            ).start()
-        except (RuntimeError, TimeoutError) as exc:
-            raise UserError(f"the worker did not start: {str(exc)[-500:]}") from exc
-    try:
-        answers = [_Answer(p) for p in DEMO_PROMPTS]
-        threads = []
-        for answer in answers:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": answer.prompt}],
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-            ids = tokenizer.encode(text, add_special_tokens=False)
-            threads.append(
-                threading.Thread(
-                    target=_ask, args=(worker.stub, list(ids), answer, args.max_tokens)
-                )
-            )
-        with console.status(f"generating {len(answers)} answers concurrently ..."):
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        stats = worker.stub.Stats(worker_pb2.StatsRequest(), timeout=10)
-    finally:
-        worker.stop()
-
-    for answer in answers:
-        console.print(
-            f"\n[bold cyan]Q:[/] {answer.prompt}\n[bold green]A:[/] {answer.text.strip()}"
+    stamp = int(time.time())
+    planned = []
+    for i, prompt in enumerate(DEMO_PROMPTS):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
-    table = Table(title="spotinfer demo report")
-    for column in ("prompt", "tokens", "TTFT ms", "tokens/s", "finish", "indices 0..n-1"):
-        table.add_column(column)
-    for answer in answers:
-        table.add_row(
-            answer.prompt[:40],
-            str(answer.tokens),
-            f"{answer.ttft_ms:.0f}",
-            f"{answer.tokens / max(answer.seconds, 1e-9):.1f}",
-            answer.finish,
-            "PASS" if answer.indices_ok else "FAIL",
+        planned.append(
+            PlannedRequest(
+                request_id=f"demo-{stamp}-{i}",
+                send_offset_seconds=0.0,
+                prompt_token_ids=tuple(tokenizer.encode(text, add_special_tokens=False)),
+                max_tokens=args.max_tokens,
+                sla_class=common_pb2.SLA_CLASS_INTERACTIVE,
+            )
         )
-    console.print(table)
-    console.print(
-        f"worker {stats.worker_id}: {stats.kv_blocks_total} KV blocks of {stats.kv_block_tokens} "
-        f"tokens, max_num_seqs {stats.max_num_seqs}, {stats.generated_tokens_total} tokens "
-        f"generated"
+    args.out.mkdir(parents=True, exist_ok=True)
+    # float32: on CPU, bf16 kernels depend on the batch size, and the verdict compares the
+    # answers token for token with an uninterrupted run.
+    config = ClusterConfig(
+        model=model,
+        workers=1,
+        standbys=1,
+        cloud=args.cloud,
+        dtype="float32",
+        max_model_len=2048,
+        memory_gib=2.0,
+        coordinator_flags=("--record-retention-seconds", "1"),
+        log_dir=args.out / "logs",
     )
-    return 0 if all(a.indices_ok and a.tokens for a in answers) else 1
+    options = DrillOptions(scenario="notice", requests=len(planned), ignore_eos=False)
+    with console.status("starting a local cluster (redis, coordinator, 2 workers + daemons) ..."):
+        cluster = LocalCluster(config, console.print).start()
+    try:
+        console.print(
+            f"sending {len(planned)} prompts; a {args.cloud.upper()} spot termination notice "
+            "reaches the active worker mid-generation"
+        )
+        outcome = run_drill(
+            cluster, options, planned, png=args.out / "timeline.png", say=console.print
+        )
+    finally:
+        with console.status("stopping the cluster ..."):
+            cluster.stop()
+
+    traces = {t.request_id: t for t in outcome.traces}
+    for prompt, plan in zip(DEMO_PROMPTS, planned, strict=True):
+        trace = traces[plan.request_id]
+        answer = str(tokenizer.decode(trace.token_ids, skip_special_tokens=True)).strip()
+        moved = ", ".join(
+            f"{e.kind} {e.from_worker}→{e.to_worker} (loaded {e.loaded_tokens}, "
+            f"recomputed {e.recomputed_tokens})"
+            for e in trace.events
+            if e.kind in ("migrated", "recovered")
+        )
+        console.print(Panel(answer, title=prompt, subtitle=moved or "not interrupted"))
+    report = outcome.report
+    console.print(verdict_table(report))
+    console.print(
+        f"{report.requests} requests, {report.migrations} migrated, recomputed tokens "
+        f"{report.recomputed_tokens}, p50 {report.p50_ms:.0f} ms, p99 {report.p99_ms:.0f} ms"
+    )
+    report.write_json(args.out / "report.json")
+    console.print(f"report: {args.out / 'report.json'}; timeline: {outcome.png}")
+    return 0 if report.verdict == "PASS" else 1

@@ -39,6 +39,7 @@ class DrillOptions:
     trace_file: Path | None = None
     seed: int = 0
     block_tokens: int = KV_BLOCK_TOKENS_CPU
+    ignore_eos: bool = True  # fixed lengths for load; real answers stop at EOS
 
 
 @dataclass
@@ -92,6 +93,7 @@ def run_drill(
                         cluster.coordinator.address,
                         planned,
                         service="inference",
+                        ignore_eos=options.ignore_eos,
                         on_start=ctx.live.append,
                     )
                 )
@@ -114,7 +116,7 @@ def run_drill(
     if failure:
         raise failure[0]
     say(f"{len(traces)} request(s) done; computing reference outputs on an undisturbed worker")
-    references = reference_outputs(cluster, planned)
+    references = reference_outputs(cluster, planned, options.ignore_eos)
     leaked = leaked_keys(cluster.redis_url, [p.request_id for p in planned])
     report = build_report(
         scenario=options.scenario,
@@ -136,7 +138,9 @@ def run_drill(
     return outcome
 
 
-def reference_outputs(cluster: object, planned: Sequence[PlannedRequest]) -> dict[str, list[int]]:
+def reference_outputs(
+    cluster: object, planned: Sequence[PlannedRequest], ignore_eos: bool = True
+) -> dict[str, list[int]]:
     """The same requests, greedy, on one undisturbed worker, straight through Worker.Generate."""
     from spotinfer.local.cluster import LocalCluster
 
@@ -155,7 +159,9 @@ def reference_outputs(cluster: object, planned: Sequence[PlannedRequest]) -> dic
         )
         for p in planned
     ]
-    traces = asyncio.run(run_load(serving[0].worker.address, reference_plan, service="worker"))
+    traces = asyncio.run(
+        run_load(serving[0].worker.address, reference_plan, service="worker", ignore_eos=ignore_eos)
+    )
     return {p.request_id: t.token_ids for p, t in zip(planned, traces, strict=True) if t.ok}
 
 

@@ -151,7 +151,9 @@ class Storm(Scenario, name="storm"):
 
     def disturb(self, ctx: DrillContext) -> None:
         ctx.wait_mid_stream()
-        ctx.preempt_then_terminate([n.name for n in ctx.cluster.active_nodes()])
+        ctx.preempt_then_terminate(
+            [n.name for n in ctx.cluster.active_nodes() if n.role == "active"]
+        )
 
 
 class Trace(Scenario, name="trace"):

@@ -1,0 +1,151 @@
+"""Every drill scenario at small scale on the tiny model, every invariant asserted.
+
+Each test starts its own local cluster (redis-server, coordinator, workers with daemons and
+metadata servers): scenarios destroy what they touch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spotinfer.drills.runner import DrillOptions, DrillOutcome, plan, run_drill
+from spotinfer.local.cluster import ClusterConfig, LocalCluster
+
+TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "spotserve" / "As.jsonl"
+
+
+@pytest.fixture
+def cluster_factory(tiny_model: Path, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    clusters: list[LocalCluster] = []
+
+    def make(**overrides: object) -> LocalCluster:
+        fields: dict[str, object] = {
+            "model": str(tiny_model),
+            "workers": 1,
+            "standbys": 1,
+            "dtype": "float32",
+            "max_model_len": 1024,
+            "memory_gib": 0.25,
+            "log_dir": tmp_path / "logs",
+            "coordinator_flags": ("--record-retention-seconds", "1"),
+        }
+        fields.update(overrides)
+        cluster = LocalCluster(ClusterConfig(**fields)).start()  # type: ignore[arg-type]
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
+
+
+def _drill(cluster: LocalCluster, tmp_path: Path, **options: object) -> DrillOutcome:
+    drill_options = DrillOptions(**options)  # type: ignore[arg-type]
+    vocab = json.loads(Path(cluster.config.model, "config.json").read_text())["vocab_size"]
+    return run_drill(cluster, drill_options, plan(drill_options, vocab), png=tmp_path / "t.png")
+
+
+def _assert_invariants(outcome: DrillOutcome, zero_recompute: bool) -> None:
+    report = outcome.report
+    failed = [(c.name, c.value) for c in report.checks if not c.passed]
+    assert report.verdict == "PASS", failed
+    assert report.lost == 0 and report.duplicates == 0 and report.gaps == 0
+    assert report.fidelity_mismatches == 0 and report.leaked_keys == 0
+    assert len(outcome.references) == report.requests, "every request has a reference"
+    if zero_recompute:
+        assert report.recomputed_tokens == 0
+    assert outcome.png is not None and outcome.png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_notice(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory()
+    outcome = _drill(
+        cluster, tmp_path, scenario="notice", requests=8, output_tokens=(600, 600), time_scale=0.05
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    assert outcome.report.migrations == 8, "every in-flight request migrated"
+
+
+def test_notice_in_gcp_format(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(cloud="gcp")
+    outcome = _drill(
+        cluster, tmp_path, scenario="notice", requests=6, output_tokens=(600, 600), time_scale=0.2
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    assert outcome.report.migrations == 6
+
+
+def test_abrupt(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory()
+    outcome = _drill(cluster, tmp_path, scenario="abrupt", requests=8, output_tokens=(400, 400))
+    _assert_invariants(outcome, zero_recompute=False)
+    assert outcome.report.recoveries == 8
+    assert outcome.report.recompute_bound_violations == 0
+
+
+def test_redis_restart(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(standbys=0)
+    outcome = _drill(
+        cluster, tmp_path, scenario="redis-restart", requests=8, output_tokens=(400, 400)
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    assert [e.kind for e in cluster.events] == ["redis-restart"]
+
+
+def test_coordinator_restart(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(standbys=0)
+    outcome = _drill(
+        cluster, tmp_path, scenario="coordinator-restart", requests=8, output_tokens=(600, 600)
+    )
+    _assert_invariants(outcome, zero_recompute=False)
+    assert any(t.reattached for t in outcome.traces), "the clients' streams really broke"
+
+
+def test_storm(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Two active workers noticed at once, one standby: the standby cannot take all the
+    # running requests at once, so some wait — and still complete.
+    cluster = cluster_factory(workers=2, standbys=1)
+    outcome = _drill(
+        cluster, tmp_path, scenario="storm", requests=12, output_tokens=(500, 500), time_scale=0.05
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    assert len([e for e in cluster.events if e.kind == "notice"]) == 2
+
+
+def test_rolling(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory()
+    outcome = _drill(
+        cluster,
+        tmp_path,
+        scenario="rolling",
+        requests=24,
+        rate_per_second=3.0,
+        output_tokens=(300, 400),
+        time_scale=0.02,
+        interval_seconds=3.0,
+        duration_seconds=7.0,
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    assert len([e for e in cluster.events if e.kind == "notice"]) >= 2
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason=f"the SpotServe trace is not at {TRACE}")
+def test_trace(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(workers=2, standbys=1)
+    outcome = _drill(
+        cluster,
+        tmp_path,
+        scenario="trace",
+        requests=50,
+        rate_per_second=2.0,
+        output_tokens=(200, 300),
+        time_scale=0.02,
+        trace_file=TRACE,
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    kinds = [e.kind for e in cluster.events]
+    assert kinds.count("notice") == 3 and kinds.count("join") == 4  # the A_S trace's events
