@@ -22,7 +22,6 @@ import grpc
 
 from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc, worker_pb2_grpc
 
-
 REATTACH_ATTEMPTS = 40
 REATTACH_BACKOFF_SECONDS = 0.5
 

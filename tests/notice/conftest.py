@@ -12,8 +12,8 @@ import pytest
 
 from context_daemon.store import RedisStore
 from spotinfer.local.daemon_process import DaemonProcess
-from spotinfer.local.worker_process import WorkerProcess
 from spotinfer.local.metadata_servers import MetadataServer
+from spotinfer.local.worker_process import WorkerProcess
 from tests.resume.conftest import MAX_MODEL_LEN
 from tests.support.redis_server import RedisServer
 
