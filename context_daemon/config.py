@@ -51,6 +51,10 @@ class DaemonConfig:
     port: int = field(
         default=DEFAULT_DAEMON_PORT, metadata={"help": "gRPC port; 0 picks a free one"}
     )
+    metrics_port: int = field(
+        default=0,
+        metadata={"help": "serve Prometheus /metrics on this port (same host); 0: not served"},
+    )
     grace_seconds: float = field(
         default=0.0,
         metadata={
@@ -80,6 +84,8 @@ class DaemonConfig:
             raise ValueError("worker_address must name the local worker")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if self.grace_seconds < 0 or self.poll_interval_seconds < 0:
             raise ValueError("grace_seconds and poll_interval_seconds must not be negative")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):

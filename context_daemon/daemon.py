@@ -94,6 +94,21 @@ class Subscribers(NotificationHook):
         return len(self._queues)
 
 
+class Hooks(NotificationHook):
+    """Several hooks as one, called in order (the subscribers, the metrics)."""
+
+    def __init__(self, *hooks: NotificationHook) -> None:
+        self._hooks = hooks
+
+    def notice(self, notice: Notice) -> None:
+        for hook in self._hooks:
+            hook.notice(notice)
+
+    def progress(self, notice: Notice, report: FlushReport) -> None:
+        for hook in self._hooks:
+            hook.progress(notice, report)
+
+
 @dataclass
 class DaemonState:
     """What Status reports (owned by the event loop)."""

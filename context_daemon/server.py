@@ -16,7 +16,8 @@ import grpc
 
 from context_daemon.config import DaemonConfig
 from context_daemon.constants import DAEMON_STOP_GRACE_SECONDS
-from context_daemon.daemon import ContextDaemon, DaemonEvent, Subscribers
+from context_daemon.daemon import ContextDaemon, DaemonEvent, Hooks, Subscribers
+from context_daemon.metrics import DaemonMetrics
 from context_daemon.notices import Notice
 from context_daemon.store import RedisStore
 from context_daemon.worker_link import report_to_proto
@@ -112,7 +113,13 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
 
     store = RedisStore.from_url(config.redis_url) if config.redis_url else None
     subscribers = Subscribers()
-    daemon = ContextDaemon.from_config(config, subscribers)
+    metrics = DaemonMetrics(
+        config.effective_grace_seconds, store.is_available if store is not None else None
+    )
+    daemon = ContextDaemon.from_config(config, Hooks(subscribers, metrics))
+    metrics.read_state_from(daemon.state)
+    if config.metrics_port:
+        metrics.serve(config.host, config.metrics_port)
     server = grpc.aio.server(options=server_options(MAX_MESSAGE_BYTES))
     health = add_health_and_reflection(server, [SERVICE_NAME])
     daemon_pb2_grpc.add_ContextDaemonServicer_to_server(
@@ -133,6 +140,7 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     await runner
     await server.stop(DAEMON_STOP_GRACE_SECONDS)
     await daemon.worker.close()
+    metrics.stop()
     if store is not None:
         store.close()
     return 0

@@ -168,6 +168,25 @@ class Admission:
             return None
         return self._lease(request, self._policy.choose(request, candidates))
 
+    def requeue(self, request: GenerationRequest, exclude: frozenset[str]) -> Ticket:
+        """A slot for a request that was already admitted and must move (its worker was
+        noticed): a routable worker with room, else a promoted standby, else the head of its
+        class's queue — beyond the queue's capacity, since the request was accepted once and
+        must never fail for want of room; it runs as soon as a slot frees."""
+        ticket = Ticket(request)
+        lease = self._place(request, exclude)
+        if lease is None:
+            promoted = self._pool.promote_one(exclude)
+            if promoted is not None:
+                lease = self._lease(request, promoted)
+        if lease is not None:
+            ticket.future.set_result(lease)
+            return ticket
+        log.warning("request %s waits for a worker with room to move to", request.request_id)
+        self._queues[request.sla_class].appendleft(ticket)
+        self._on_change()
+        return ticket
+
     def pump(self) -> None:
         """Gives freed slots to waiting tickets, INTERACTIVE first. Called after any release
         and after every heartbeat (a worker may have become ready)."""
@@ -200,11 +219,15 @@ class Admission:
         class_cap = self._limits.class_cap_per_worker.get(sla, 0)
         return not class_cap or entry.in_flight[sla] < class_cap
 
-    def _place(self, request: GenerationRequest) -> Lease | None:
+    def _place(
+        self, request: GenerationRequest, exclude: frozenset[str] = frozenset()
+    ) -> Lease | None:
         candidates = [
             e
             for e in self._registry.routable()
-            if e.suspect_since_monotonic is None and self._has_room(e, request.sla_class)
+            if e.suspect_since_monotonic is None
+            and e.address not in exclude
+            and self._has_room(e, request.sla_class)
         ]
         if not candidates:
             return None

@@ -3,6 +3,10 @@
 CLI flags are derived from the fields (`add_arguments` / `from_args`): `--max-seqs-per-worker`
 for `max_seqs_per_worker`, help from the field's metadata. Tuple fields are repeatable flags
 named in the singular (`--worker ADDR --worker ADDR`).
+
+A worker flag may name the worker's context daemon after an ``=``:
+``--worker 10.0.0.5:50061=10.0.0.5:50071``. The coordinator then subscribes to the daemon's
+notices (live migration) and InjectNotice asks that daemon to flush.
 """
 
 from __future__ import annotations
@@ -54,10 +58,15 @@ class CoordinatorConfig:
     )
     serve_http: bool = field(default=True, metadata={"help": "serve the HTTP front"})
     workers: tuple[str, ...] = field(
-        default=(), metadata={"help": "address (host:port) of an active worker; repeatable"}
+        default=(),
+        metadata={
+            "help": "an active worker, host:port, or host:port=DAEMON_HOST:PORT to also name "
+            "its context daemon (notices, live migration); repeatable"
+        },
     )
     standbys: tuple[str, ...] = field(
-        default=(), metadata={"help": "address of a warm standby worker; repeatable"}
+        default=(),
+        metadata={"help": "a warm standby worker, written as for --worker; repeatable"},
     )
     model: str = field(
         default="",
@@ -138,8 +147,8 @@ class CoordinatorConfig:
         for name in ("port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} must be in 0..65535, got {getattr(self, name)}")
-        for address in (*self.workers, *self.standbys):
-            check_address(address)
+        for value in (*self.workers, *self.standbys):
+            split_worker_flag(value)
         for name in ("interactive_queue_capacity", "batch_queue_capacity", "record_ttl_seconds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -189,7 +198,7 @@ class CoordinatorConfig:
                     dest=f.name,
                     action="append",
                     default=None,
-                    metavar="ADDR",
+                    metavar="ADDR[=DAEMON]",
                     help=help_text,
                 )
             elif f.type in ("bool", bool):
@@ -221,6 +230,21 @@ def check_address(address: str) -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
         raise ValueError(f"worker address must be host:port, got {address!r}")
+
+
+def split_worker_flag(value: str) -> tuple[str, str]:
+    """``host:port`` or ``host:port=daemon_host:port`` -> (worker, daemon or "");
+    raises ValueError for anything else."""
+    address, _, daemon_address = value.partition("=")
+    check_address(address)
+    if daemon_address:
+        try:
+            check_address(daemon_address)
+        except ValueError:
+            raise ValueError(
+                f"daemon address must be host:port, got {daemon_address!r} in {value!r}"
+            ) from None
+    return address, daemon_address
 
 
 def _flag(name: str) -> str:

@@ -36,6 +36,27 @@ DEFAULT_FAILOVER_POLICY = "fail"
 # chunk): enough for any tokenizer's merge of leading spaces and split characters.
 SPAN_CONTEXT_TOKENS = 8
 
+# --- live migration on a notice -------------------------------------------------------------
+# A notice without a deadline (or one whose deadline we never heard) gives the worker this long.
+NOTICE_DEFAULT_GRACE_SECONDS = 30.0
+# Default notice lead times of InjectNotice when a drill gives none (see DESIGN.md).
+NOTICE_SECONDS_BY_CLOUD = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+# A paused request waits for its flush report up to the notice deadline plus this.
+FLUSH_WAIT_MARGIN_SECONDS = 5.0
+# A worker paused by someone the coordinator does not hear from (no daemon registered): how
+# long its flush is given to land before the request resumes from whatever the store holds.
+FLUSH_WAIT_WITHOUT_DAEMON_SECONDS = 5.0
+# A flush report nobody waits for (a duplicate, or the request was not ours) is dropped then.
+FLUSH_REPORT_KEEP_SECONDS = 300.0
+# A broken WatchNotices subscription is opened again after this pause.
+DAEMON_RESUBSCRIBE_SECONDS = 1.0
+
+# --- requests another coordinator started (restart, replicas) ---------------------------------
+# How long an adopted request may stay RUNNING in the store before it is resumed anyway (its
+# worker pauses it as soon as it sees its old caller's stream gone).
+ADOPT_PAUSE_WAIT_SECONDS = 10.0
+ADOPT_POLL_SECONDS = 0.05
+
 # --- request records in Redis -----------------------------------------------------------------
 # Delivered lengths are written behind, batched, at most this often.
 RECORD_FLUSH_INTERVAL_SECONDS = 0.2

@@ -4,7 +4,8 @@ are lost or noticed by interrupting the relays they serve.
 
     front (gRPC / HTTP) ─▶ Dispatcher.submit ─▶ validation ─▶ Admission.enqueue ─▶ Relay
                           Dispatcher.attach  ─▶ RequestTable ─▶ Relay.follow
-    Registry (state change) ─▶ Dispatcher._on_worker_state ─▶ Relay.interrupt
+    Registry (worker lost) ─▶ Dispatcher._on_worker_state ─▶ Relay.interrupt
+    worker paused a request on a notice ─▶ Relay ─▶ FailoverPolicy (see migration.py)
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from coordinator.admission import Admission
+from coordinator.adoption import Adoption, ReplicaUnavailable
 from coordinator.constants import RETENTION_SWEEP_INTERVAL_SECONDS
-from coordinator.errors import NoWorkerAvailable, QueueFull
+from coordinator.errors import NoWorkerAvailable, QueueFull, UnknownRequest
 from coordinator.failover import FailoverPolicy, InterruptionKind
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.prompt_tokenizer import PromptTokenizer
@@ -51,6 +53,7 @@ class Dispatcher:
         tokenizer: PromptTokenizer,
         metrics: CoordinatorMetrics,
         records: RouteRecords | None = None,
+        adoption: Adoption | None = None,
     ) -> None:
         self._coordinator_id = coordinator_id
         self._registry = registry
@@ -60,6 +63,9 @@ class Dispatcher:
         self.tokenizer = tokenizer
         self._metrics = metrics
         self._records = records
+        self._adoption = adoption
+        self._adopting: dict[str, asyncio.Future[Relay]] = {}
+        self.address = ""  # this coordinator's gRPC host:port, once bound (route records)
         self._sweeper: asyncio.Task[None] | None = None
         registry.subscribe(self._on_worker_state)
 
@@ -128,9 +134,60 @@ class Dispatcher:
         relay.start()
         return relay
 
-    def attach(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
-        """Raises UnknownRequest now, IndexOutOfRange on the first read."""
-        return self._table.get(request_id).follow(from_index)
+    async def attach(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
+        """The request's chunks from ``from_index`` on. A request this coordinator does not
+        hold is looked up in Redis (see adoption.py): proxied to the replica that relays it,
+        or adopted from the store when that coordinator is gone. Raises UnknownRequest or
+        IndexOutOfRange."""
+        if request_id in self._table or self._adoption is None:
+            async for chunk in self._table.get(request_id).follow(from_index):
+                yield chunk
+            return
+        route = await self._adoption.route(request_id)
+        if self._adoption.relayed_elsewhere(route):
+            try:
+                async for chunk in self._adoption.proxy(route, from_index):
+                    yield chunk
+                return
+            except ReplicaUnavailable:
+                log.warning(
+                    "request %s: its coordinator at %s is gone",
+                    request_id,
+                    route.coordinator_address,
+                )
+        if self._adoption.finished(route):
+            raise UnknownRequest(request_id)
+        relay = await self._adopt(route)
+        async for chunk in relay.follow(from_index):
+            yield chunk
+
+    async def _adopt(self, route: RouteRecord) -> Relay:
+        """One relay per adopted request, however many clients attach at once."""
+        request_id = route.request_id
+        pending = self._adopting.get(request_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        if request_id in self._table:
+            return self._table.get(request_id)
+        assert self._adoption is not None
+        future: asyncio.Future[Relay] = asyncio.get_running_loop().create_future()
+        self._adopting[request_id] = future
+        try:
+            request = await self._adoption.request(route)
+            ticket = self._admission.requeue(request, frozenset())
+            relay = Relay(request, ticket, self._admission, self._failover, self, self.tokenizer)
+            self._table.add(relay)
+            self._metrics.in_flight.inc()
+            log.warning("request %s adopted (started by %s)", request_id, route.coordinator_id)
+            relay.start(adopted=True)
+            future.set_result(relay)
+            return relay
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a lone caller re-raises it below
+            raise
+        finally:
+            del self._adopting[request_id]
 
     async def cancel(self, request_id: str) -> tuple[bool, int]:
         relay = self._table.get(request_id)
@@ -146,12 +203,11 @@ class Dispatcher:
     def _on_worker_state(self, entry: WorkerEntry, old: WorkerState, new: WorkerState) -> None:
         if new == old:
             return
-        if new in (WorkerState.LOST, WorkerState.STOPPED):
-            kind, detail = InterruptionKind.WORKER_LOST, f"worker {entry.worker_id} is {new.value}"
-        elif new == WorkerState.PREEMPTED and self._failover.acts_on_notice:
-            kind, detail = InterruptionKind.NOTICE, f"termination notice for {entry.worker_id}"
-        else:
+        # A noticed (PREEMPTED) worker is not interrupted here: it pauses its requests itself
+        # and each stream ends with a NOTICE event, which the relay hands to its policy.
+        if new not in (WorkerState.LOST, WorkerState.STOPPED):
             return
+        kind, detail = InterruptionKind.WORKER_LOST, f"worker {entry.worker_id} is {new.value}"
         for relay in self._table.on_worker(entry.address):
             self._metrics.failovers.labels(kind.value).inc()
             relay.interrupt(kind, detail)
@@ -189,6 +245,7 @@ class Dispatcher:
                 delivered_length=relay.delivered_tokens,
                 sla_class=relay.request.sla_class.name,
                 updated_unix_ms=now_unix_ms(),
+                coordinator_address=self.address,
             )
         )
 

@@ -6,30 +6,29 @@ source repeats is dropped and the client still sees 0..n-1 once each.
 
     worker stream ends without a finish ─┐
     heartbeat says LOST ─────────────────┼─▶ Interruption ─▶ policy.take_over ─▶ Takeover
-    termination notice (InjectNotice) ───┘                   (new lease + its token stream)
+    stream paused by a notice (NOTICE) ──┘                   (new lease + its token stream)
 
 Policies register by name (`--failover-policy`):
 - ``fail``: the request ends with FinishReason.ERROR (workers without persistence);
 - ``resume``: another worker continues it from the persisted state with Worker.Resume (needs
   workers running with `--redis-url`); a request of which the store holds nothing and the
-  client has no token yet (the lost worker never started it) starts afresh there. On a notice the source is stopped first; a full
-  multi-stage live migration (pre-allocate on the standby, copy while decoding, pause at an
-  iteration boundary) is a policy still to come, plugged in here.
+  client has no token yet (the lost worker never started it) starts afresh there. A request
+  paused by a notice first waits for its flush to be complete (see migration.py), so the
+  target loads every token's KV and recomputes nothing; if no worker has room it waits in
+  the head of its queue rather than fail.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-import grpc
-
 from coordinator.admission import Admission, Lease
 from coordinator.errors import NothingPersisted, RequestLost
+from coordinator.migration import Migrations
 from spotinfer.requests import GenerationRequest, TokenChunk
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ log = logging.getLogger(__name__)
 class InterruptionKind(enum.Enum):
     STREAM_BROKEN = "stream_broken"  # the stream failed or ended without a finish
     WORKER_LOST = "worker_lost"  # the heartbeat stopped
-    NOTICE = "notice"  # a termination notice: the worker still runs, for now
+    NOTICE = "notice"  # a termination notice paused the request: the worker persists it
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,9 @@ class FailoverPolicy:
 
     _by_name: ClassVar[dict[str, type[FailoverPolicy]]] = {}
     name: ClassVar[str]
-    # Whether a termination notice moves requests at once (else they run on until the
-    # worker really goes, and a broken stream or a lost heartbeat brings them here).
+    # Whether a notice injected by a drill makes the worker's daemon flush (pause and persist
+    # every request): only worth it when paused requests can move. Otherwise the worker just
+    # leaves routing, and its requests run on until it really goes.
     acts_on_notice: ClassVar[bool] = False
 
     def __init_subclass__(cls, name: str, **kwargs: object) -> None:
@@ -75,22 +75,25 @@ class FailoverPolicy:
         cls.name = name
         FailoverPolicy._by_name[name] = cls
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, migrations: Migrations | None = None) -> None:
         self._admission = admission
+        self._migrations = migrations
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(sorted(cls._by_name))
 
     @classmethod
-    def create(cls, name: str, admission: Admission) -> FailoverPolicy:
+    def create(
+        cls, name: str, admission: Admission, migrations: Migrations | None = None
+    ) -> FailoverPolicy:
         try:
             policy_class = cls._by_name[name]
         except KeyError:
             raise ValueError(
                 f"unknown failover policy {name!r}; known: {', '.join(cls.names())}"
             ) from None
-        return policy_class(admission)
+        return policy_class(admission, migrations)
 
     async def take_over(
         self,
@@ -131,12 +134,11 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
         why: Interruption,
         attempt: int,
     ) -> Takeover:
+        if why.kind == InterruptionKind.NOTICE:
+            # Any number of noticed preemptions: each is planned, none counts as a failure.
+            return await self._migrate(request, delivered_tokens, lost)
         if attempt > self.MAX_ATTEMPTS:
             raise RequestLost(f"gave up after {self.MAX_ATTEMPTS} failovers: {why.detail}")
-        if why.kind == InterruptionKind.NOTICE:
-            # The source still decodes: stop it so two workers never write one request.
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await lost.entry.client.abort(request.request_id)
         lease = self._admission.place_elsewhere(request, frozenset({lost.entry.address}))
         if lease is None:
             raise RequestLost(f"no worker left to continue on after {why.detail}")
@@ -145,6 +147,33 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
             request.request_id,
             why.kind.value,
             why.worker_id,
+            lease.entry.worker_id,
+            delivered_tokens,
+        )
+        return Takeover(lease, _resume_or_start(lease, request, delivered_tokens))
+
+    async def _migrate(
+        self, request: GenerationRequest, delivered_tokens: int, source: Lease
+    ) -> Takeover:
+        """The source paused the request on a notice: once the store holds all of it, the
+        next worker resumes it (MIGRATED, nothing recomputed). Without a complete flush
+        (the source died, the deadline passed) the same call recovers what is stored."""
+        report = None
+        if self._migrations is not None:
+            report = await self._migrations.wait_flushed(request.request_id, source.entry)
+        if report is None or not report.complete:
+            log.warning(
+                "request %s: flush on %s not complete (%s); recovering from the store",
+                request.request_id,
+                source.entry.worker_id,
+                report,
+            )
+        ticket = self._admission.requeue(request, frozenset({source.entry.address}))
+        lease = await self._admission.wait(ticket)
+        log.info(
+            "request %s: migrating from %s to %s at index %d",
+            request.request_id,
+            source.entry.worker_id,
             lease.entry.worker_id,
             delivered_tokens,
         )

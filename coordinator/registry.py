@@ -71,6 +71,10 @@ class WorkerEntry:
     in_flight: dict[SlaClass, int] = field(default_factory=lambda: dict.fromkeys(SlaClass, 0))
     reserved_kv_blocks: int = 0
     """KV blocks the requests placed here may grow to (prompt + max_tokens each)."""
+    daemon_address: str = ""
+    """host:port of its context daemon; empty: none known (no notices heard from it)."""
+    notices_watched: bool = False
+    """The coordinator is subscribed to the daemon's notices right now."""
     suspect_since_monotonic: float | None = None
     """When a stream from this worker broke; it takes no new request until a heartbeat asked
     after that moment answers (a killed worker is not LOST until lost_after_seconds)."""
@@ -142,11 +146,16 @@ class Registry:
     def subscribe(self, listener: StateListener) -> None:
         self._listeners.append(listener)
 
-    def add(self, address: str, role: WorkerRole, worker_id: str = "") -> tuple[WorkerEntry, bool]:
-        """Registers a worker; a known address keeps its entry and takes the new role.
-        Returns the entry and whether it was already registered."""
+    def add(
+        self, address: str, role: WorkerRole, worker_id: str = "", daemon_address: str = ""
+    ) -> tuple[WorkerEntry, bool]:
+        """Registers a worker; a known address keeps its entry and takes the new role (and
+        the daemon address, when one is given). Returns the entry and whether it was
+        already registered."""
         entry = self._entries.get(address)
         if entry is not None and entry.state != WorkerState.STOPPED:
+            if daemon_address:
+                entry.daemon_address = daemon_address
             if entry.role != role:
                 log.info("worker %s (%s) is now %s", entry.worker_id, address, role.value)
                 entry.role = role
@@ -158,6 +167,7 @@ class Registry:
             client=self._client_factory(address),
             worker_id=worker_id or address,
             registered_monotonic=self._clock(),
+            daemon_address=daemon_address,
         )
         self._entries[address] = entry
         log.info("worker %s registered at %s as %s", entry.worker_id, address, role.value)

@@ -92,6 +92,7 @@ class Relay:
         self.finished_monotonic: float | None = None
         self.interruptions = 0
         self._cancel_requested = False
+        self.adopted = False
         self._readers = 0
         self._interruption: Interruption | None = None
         self._stream_task: asyncio.Task[None] | None = None
@@ -117,9 +118,13 @@ class Relay:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, adopted: bool = False) -> None:
+        """``adopted``: the request was started by another coordinator (which went away)
+        and is persisted: its worker stream is a Worker.Resume from index 0, which replays
+        every committed token, then goes on."""
+        self.adopted = adopted
         self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"relay-{self.request_id}"
+            self._run(adopted), name=f"relay-{self.request_id}"
         )
 
     async def wait_finished(self) -> None:
@@ -158,11 +163,12 @@ class Relay:
         await asyncio.gather(*(t for t in [self._task] if t), return_exceptions=True)
         return True
 
-    async def _run(self) -> None:
+    async def _run(self, adopted: bool) -> None:
         try:
             lease = await self._admission.wait(self._ticket)
             self._take(lease)
-            chunks = lease.entry.client.generate(self.request)
+            client = lease.entry.client
+            chunks = client.resume(self.request_id, 0) if adopted else client.generate(self.request)
             while True:
                 why = await self._stream(chunks)
                 if why is None:
@@ -220,13 +226,22 @@ class Relay:
             return Interruption(InterruptionKind.STREAM_BROKEN, self.worker_id, str(exc))
         finally:
             await _close(chunks)
+        if not self.finished:
+            detail = f"worker {self.worker_id} paused the request on a termination notice"
+            return Interruption(InterruptionKind.NOTICE, self.worker_id, detail)
         return None
 
     async def _consume(self, chunks: AsyncIterator[TokenChunk]) -> None:
+        """Returns when the request finished, or when the worker paused it on a notice (its
+        stream ends cleanly right after a NOTICE event: the request is persisted, not over)."""
+        last: TokenChunk | None = None
         async for chunk in chunks:
             self._ingest(chunk)
             if self.finished:
                 return
+            last = chunk
+        if last is not None and last.event is not None and last.event.kind == EventKind.NOTICE:
+            return
         raise WorkerStreamBroken(f"the stream of worker {self.worker_id} ended without a finish")
 
     def _ingest(self, chunk: TokenChunk) -> None:
@@ -313,6 +328,10 @@ class Relay:
             while True:
                 while cursor < len(self._chunks):
                     chunk = self._slice(self._chunks[cursor], from_index)
+                    if cursor == 0 and chunk is None and self._adoption_event():
+                        # Readers of an adopted request join past index 0, where the
+                        # resume's event sits: each is told how its request went on.
+                        chunk = dataclasses.replace(self._chunks[0], index=from_index)
                     cursor += 1
                     if chunk is not None:
                         yield chunk
@@ -325,6 +344,10 @@ class Relay:
             self._readers -= 1
             if not self._readers and self.status == RelayStatus.QUEUED:
                 self._abandon()
+
+    def _adoption_event(self) -> bool:
+        first = self._chunks[0]
+        return self.adopted and first.event is not None and not first.token_ids
 
     def _abandon(self) -> None:
         """Takes a queued request out of its queue and ends it as CANCELLED (synchronous:

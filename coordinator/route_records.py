@@ -39,6 +39,7 @@ class RouteRecord:
     delivered_length: int
     sla_class: str
     updated_unix_ms: int
+    coordinator_address: str = ""  # host:port of the relaying coordinator's gRPC front
 
     def to_fields(self) -> dict[str, str | int]:
         return {
@@ -50,6 +51,7 @@ class RouteRecord:
             "delivered_length": self.delivered_length,
             "sla_class": self.sla_class,
             "updated_unix_ms": self.updated_unix_ms,
+            "coordinator_address": self.coordinator_address,
         }
 
     @classmethod
@@ -67,6 +69,9 @@ class RouteRecord:
             delivered_length=int(text("delivered_length")),
             sla_class=text("sla_class"),
             updated_unix_ms=int(text("updated_unix_ms")),
+            coordinator_address=text("coordinator_address")
+            if b"coordinator_address" in fields
+            else "",
         )
 
 

@@ -16,14 +16,22 @@ from typing import Any
 
 import grpc
 
+from context_daemon.store import RedisStore
 from coordinator.admission import Admission, AdmissionLimits
-from coordinator.config import CoordinatorConfig, check_address
-from coordinator.constants import RECORD_FLUSH_INTERVAL_SECONDS, SERVER_STOP_GRACE_SECONDS
+from coordinator.adoption import Adoption
+from coordinator.config import CoordinatorConfig, check_address, split_worker_flag
+from coordinator.constants import (
+    NOTICE_DEFAULT_GRACE_SECONDS,
+    NOTICE_SECONDS_BY_CLOUD,
+    RECORD_FLUSH_INTERVAL_SECONDS,
+    SERVER_STOP_GRACE_SECONDS,
+)
 from coordinator.dispatcher import Dispatcher
 from coordinator.failover import FailoverPolicy
 from coordinator.heartbeat import Heartbeat
 from coordinator.http_front import HttpFront
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.migration import Migrations
 from coordinator.prompt_tokenizer import PromptTokenizer
 from coordinator.registry import Registry, WorkerEntry, WorkerRole, WorkerState
 from coordinator.request_table import RequestTable
@@ -49,9 +57,6 @@ log = logging.getLogger(__name__)
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 CONTROL_SERVICE = control_pb2.DESCRIPTOR.services_by_name["Control"].full_name
 SERVICE_NAMES = (INFERENCE_SERVICE, CONTROL_SERVICE)
-
-# Default notice lead times when a drill does not give one (see DESIGN.md).
-_NOTICE_SECONDS_BY_CLOUD = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 
 _ROLE_TO_PROTO = {
     WorkerRole.ACTIVE: control_pb2.WORKER_ROLE_ACTIVE,
@@ -126,12 +131,16 @@ class ControlService(control_pb2_grpc.ControlServicer):
         admission: Admission,
         dispatcher: Dispatcher,
         pool: StandbyPool,
+        migrations: Migrations,
+        failover: FailoverPolicy,
         on_registered: Callable[[WorkerEntry], None],
     ) -> None:
         self._registry = registry
         self._admission = admission
         self._dispatcher = dispatcher
         self._pool = pool
+        self._migrations = migrations
+        self._failover = failover
         self._on_registered = on_registered
 
     def _worker_info(self, entry: WorkerEntry) -> control_pb2.WorkerInfo:
@@ -141,6 +150,8 @@ class ControlService(control_pb2_grpc.ControlServicer):
             role=_ROLE_TO_PROTO[entry.role],
             state=_STATE_TO_PROTO[entry.state],
             last_heartbeat_unix=entry.last_heartbeat_unix,
+            daemon_address=entry.daemon_address,
+            notices_watched=entry.notices_watched,
         )
         c = entry.capacity
         if c is not None:
@@ -177,6 +188,8 @@ class ControlService(control_pb2_grpc.ControlServicer):
         try:
             try:
                 check_address(request.address)
+                if request.daemon_address:
+                    check_address(request.daemon_address)
             except ValueError as exc:
                 raise InvalidRequest(str(exc)) from exc
             role = (
@@ -184,10 +197,13 @@ class ControlService(control_pb2_grpc.ControlServicer):
                 if request.role == control_pb2.WORKER_ROLE_STANDBY
                 else WorkerRole.ACTIVE
             )
-            entry, known = self._registry.add(request.address, role, request.worker_id)
+            entry, known = self._registry.add(
+                request.address, role, request.worker_id, request.daemon_address
+            )
         except Exception as exc:
             await abort_with(context, exc)
             raise
+        self._migrations.watch(entry)
         if not known:
             self._on_registered(entry)
         return control_pb2.RegisterWorkerResponse(
@@ -209,19 +225,25 @@ class ControlService(control_pb2_grpc.ControlServicer):
     async def InjectNotice(  # noqa: N802
         self, request: control_pb2.InjectNoticeRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.InjectNoticeResponse:
-        """For drills. The worker stops taking new requests at once; what happens to its
-        requests is the failover policy's call. (Forwarding to the worker's context daemon,
-        which flushes and migrates KV, comes with the daemon's service.)"""
+        """For drills: the notice a cloud would give. The worker leaves routing at once; its
+        daemon (when registered, and when the failover policy moves paused requests) flushes
+        it by the deadline, and its requests migrate (see migration.py)."""
         try:
             entry = self._registry.find(request.worker_id)
-            grace = request.grace_seconds or _NOTICE_SECONDS_BY_CLOUD.get(request.cloud, 30.0)
-            if request.kind != control_pb2.NOTICE_KIND_REBALANCE:
-                log.warning("termination notice for %s: %.0f s", entry.worker_id, grace)
-                self._registry.set_orchestrated_state(entry, WorkerState.PREEMPTED)
+            grace = request.grace_seconds or NOTICE_SECONDS_BY_CLOUD.get(
+                request.cloud, NOTICE_DEFAULT_GRACE_SECONDS
+            )
+            if request.kind == control_pb2.NOTICE_KIND_REBALANCE:
+                log.info("rebalance hint for %s: nothing moves yet", entry.worker_id)
+                deadline_unix = time.time() + grace
+            else:
+                deadline_unix = self._migrations.inject(
+                    entry, grace, flush=self._failover.acts_on_notice
+                )
         except Exception as exc:
             await abort_with(context, exc)
             raise
-        return control_pb2.InjectNoticeResponse(deadline_unix=time.time() + grace)
+        return control_pb2.InjectNoticeResponse(deadline_unix=deadline_unix)
 
     async def ClusterStatus(  # noqa: N802
         self, request: control_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext
@@ -283,24 +305,39 @@ class Coordinator:
             if config.redis_url
             else None
         )
+        self.adoption = (
+            Adoption(
+                self.records,
+                RedisStore.from_url(config.redis_url),
+                lambda: self.dispatcher.address,
+                config.max_message_bytes,
+            )
+            if self.records is not None
+            else None
+        )
+        self.migrations = Migrations(self.registry)
+        self.failover = FailoverPolicy.create(
+            config.failover_policy, self.admission, self.migrations
+        )
         self.dispatcher = Dispatcher(
             config.coordinator_id,
             self.registry,
             self.admission,
-            FailoverPolicy.create(config.failover_policy, self.admission),
+            self.failover,
             RequestTable(config.retention_seconds),
             PromptTokenizer(config.model),
             self.metrics,
             self.records,
+            self.adoption,
         )
         self.heartbeat = Heartbeat(
             self.registry, config.heartbeat_interval_seconds, after_beat=self._after_beat
         )
         self.http = HttpFront(self.dispatcher, self.metrics, config.model_name)
-        for address in config.workers:
-            self.registry.add(address, WorkerRole.ACTIVE)
-        for address in config.standbys:
-            self.registry.add(address, WorkerRole.STANDBY)
+        for value in config.workers:
+            self.registry.add(*_worker_and_daemon(value, WorkerRole.ACTIVE))
+        for value in config.standbys:
+            self.registry.add(*_worker_and_daemon(value, WorkerRole.STANDBY))
         for sla in SlaClass:
             self.metrics.queue_capacity.labels(sla.name).set(self.admission.capacity(sla))
 
@@ -319,9 +356,24 @@ class Coordinator:
     def serving(self) -> bool:
         return bool(self.registry.routable() or self.registry.ready_standbys())
 
+    def start(self) -> None:
+        """Background work that needs the running loop: heartbeats, sweeps, subscriptions."""
+        self.heartbeat.start()
+        self.dispatcher.start()
+        if self.records is not None:
+            self.records.start()
+        for entry in self.registry:
+            self.migrations.watch(entry)
+
     async def registered(self, entry: WorkerEntry) -> None:
         """A new worker: ask its Stats now rather than at the next beat."""
         await self.heartbeat.beat()
+
+
+def _worker_and_daemon(value: str, role: WorkerRole) -> tuple[str, WorkerRole, str, str]:
+    """Registry.add's arguments for a --worker / --standby value (``ADDR[=DAEMON]``)."""
+    address, daemon_address = split_worker_flag(value)
+    return address, role, "", daemon_address
 
 
 async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) -> int:
@@ -360,20 +412,20 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
             coordinator.admission,
             coordinator.dispatcher,
             coordinator.pool,
+            coordinator.migrations,
+            coordinator.failover,
             on_registered=lambda entry: spawn(coordinator.registered(entry)),
         ),
         server,
     )
     await set_serving(health, SERVICE_NAMES, False)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
+    coordinator.dispatcher.address = f"{config.host}:{port}"
     await server.start()
     http_port = (
         await coordinator.http.start(config.host, config.http_port) if config.serve_http else 0
     )
-    coordinator.heartbeat.start()
-    coordinator.dispatcher.start()
-    if coordinator.records is not None:
-        coordinator.records.start()
+    coordinator.start()
     # One line a launcher can wait for, also when the ports were picked by the OS.
     print(
         f"spotinfer coordinator {config.coordinator_id} listening on {config.host}:{port}"
@@ -387,6 +439,9 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
     await coordinator.http.stop()
     await server.stop(SERVER_STOP_GRACE_SECONDS)
     await coordinator.dispatcher.stop()
+    await coordinator.migrations.close()
+    if coordinator.adoption is not None:
+        coordinator.adoption.close()
     if coordinator.records is not None:
         await coordinator.records.stop()
     await coordinator.registry.close()

@@ -32,6 +32,10 @@ class WorkerConfig:
     model: str = field(metadata={"help": "HF-format model folder (or hub id where reachable)"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=50061, metadata={"help": "gRPC port; 0 picks a free one"})
+    metrics_port: int = field(
+        default=0,
+        metadata={"help": "serve Prometheus /metrics on this port (same host); 0: not served"},
+    )
     unix_socket: str = field(
         default="",
         metadata={
@@ -103,6 +107,8 @@ class WorkerConfig:
             raise ValueError("model must name a model folder or id")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if self.unix_socket.startswith("unix:"):
             raise ValueError("unix_socket is a path; leave out the unix: prefix")
         if self.dtype not in DTYPES:

@@ -26,11 +26,12 @@ report each one once its state is complete in the store::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,7 @@ from worker.errors import (
     WorkerDraining,
 )
 from worker.flush_state import FlushState, read_flush_state
+from worker.metrics import WorkerMetrics
 from worker.model_fingerprint import model_fingerprint
 from worker.resume_point import ResumePoint, read_resume_point, sampling_to_record
 from worker.token_committer import TokenCommitter
@@ -121,17 +123,24 @@ class Engine:
     """Owns one `AsyncLLM`. Not thread-safe: call from the event loop that serves gRPC.
 
     ``store``: where tokens and KV blocks persist (None: nowhere, and no resume).
+    ``metrics``: fed every engine step and every token commit (None: no metrics).
     """
 
-    def __init__(self, config: WorkerConfig, store: RedisStore | None = None) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        store: RedisStore | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.config = config
         self._store = store
+        self._metrics = metrics
         self._committer: TokenCommitter | None = None
         self._fingerprint = ""
         self._llm: Any = None
         self._shape: EngineShape | None = None
         self._limits: Limits | None = None
-        self._stats = EngineStats()
+        self._stats = EngineStats(observer=metrics)
         self._draining = False
         self._in_flight: dict[str, _Running] = {}
         self._requests_total = 0
@@ -161,7 +170,10 @@ class Engine:
         )
         if self._store is not None:
             self._committer = TokenCommitter(
-                self._store, self.config.worker_id, PERSIST_RETRY_SECONDS
+                self._store,
+                self.config.worker_id,
+                PERSIST_RETRY_SECONDS,
+                on_commit=self._metrics.observe_commit if self._metrics is not None else None,
             )
             self._committer.start()
 
@@ -189,6 +201,8 @@ class Engine:
             enable_prefix_caching=self.config.enable_prefix_caching,
             seed=self.config.seed,
             disable_log_stats=False,
+            # The real batch of each step (prefills + decodes) for the batch-size histogram.
+            enable_logging_iteration_details=True,
             kv_transfer_config=self._kv_transfer_config(),
         )
         return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.logger_factory()])
@@ -285,8 +299,9 @@ class Engine:
                 f"{self.limits.vocab_size}"
             )
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
-        """Streams the output; the caller going away aborts the request in vLLM."""
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
+        """Streams the output. The caller going away stops the request in vLLM; with a store
+        it stays paused and resumable (Worker.Resume), as after a notice."""
         self._check_admission(request.request_id)
         self.validate(request)
         kv_params: dict[str, Any] = {}
@@ -303,10 +318,11 @@ class Engine:
                     owner_worker_id=self.config.worker_id,
                 )
             )
-        async for chunk, _ in self._stream(request, 0, kv_params):
-            yield chunk
+        async with contextlib.aclosing(self._stream(request, 0, kv_params)) as steps:
+            async for chunk, _ in steps:
+                yield chunk
 
-    async def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
+    async def resume(self, request_id: str, from_index: int) -> AsyncGenerator[TokenChunk, None]:
         """Continues a request from the store: first a RECOVERED event (how many prefill
         tokens were loaded and how many recomputed), then every token from ``from_index`` on
         (committed ones the client lacks, then new ones, indices continuing). Raises
@@ -340,24 +356,25 @@ class Engine:
             KV_PARAM_FIRST_INDEX: point.next_index,
         }
         first = True
-        async for chunk, cached_tokens in self._stream(request, point.next_index, kv_params):
-            if first:
-                first = False
-                yield self._recovered_chunk(
-                    point, from_index, len(point.engine_prompt), cached_tokens or 0
-                )
-                if from_index < point.next_index:
-                    # Committed, but the client never saw them: the old worker died between
-                    # the commit and the send. Text is left out (not detokenized here).
-                    yield TokenChunk(
-                        request_id,
-                        from_index,
-                        token_ids=point.committed_token_ids[from_index:],
-                        worker_id=self.config.worker_id,
+        async with contextlib.aclosing(self._stream(request, point.next_index, kv_params)) as steps:
+            async for chunk, cached_tokens in steps:
+                if first:
+                    first = False
+                    yield self._recovered_chunk(
+                        point, from_index, len(point.engine_prompt), cached_tokens or 0
                     )
-            trimmed = _from_index(chunk, from_index)
-            if trimmed is not None:
-                yield trimmed
+                    if from_index < point.next_index:
+                        # Committed, but the client never saw them: the old worker died between
+                        # the commit and the send. Text is left out (not detokenized here).
+                        yield TokenChunk(
+                            request_id,
+                            from_index,
+                            token_ids=point.committed_token_ids[from_index:],
+                            worker_id=self.config.worker_id,
+                        )
+                trimmed = _from_index(chunk, from_index)
+                if trimmed is not None:
+                    yield trimmed
 
     def _recovered_chunk(
         self, point: ResumePoint, from_index: int, prompt_tokens: int, cached_tokens: int
@@ -400,7 +417,7 @@ class Engine:
 
     async def _stream(
         self, request: GenerationRequest, start_index: int, kv_params: dict[str, Any]
-    ) -> AsyncIterator[tuple[TokenChunk, int | None]]:
+    ) -> AsyncGenerator[tuple[TokenChunk, int | None], None]:
         """Runs one request in vLLM; yields each step's chunk (indices from ``start_index``)
         with vLLM's count of prompt tokens it did not compute (prefix cache or connector)."""
         request_id = request.request_id
@@ -461,6 +478,14 @@ class Engine:
                     ),
                     None,
                 )
+        except (asyncio.CancelledError, GeneratorExit):
+            if self._committer is not None and finish == FinishReason.CANCELLED:
+                # The caller went away (its coordinator died or restarts), not the client,
+                # who cancels with Abort: with a store the request stays resumable — paused
+                # and persisted as on a notice — so a coordinator can resume it on Attach.
+                running.paused = True
+                asyncio.get_running_loop().create_task(self._abort_quietly(request_id))
+            raise
         finally:
             if self._committer is not None:
                 if running.paused and finish == FinishReason.CANCELLED:
@@ -497,6 +522,13 @@ class Engine:
             # vLLM suffixes its request ids; the connector finds ours here.
             extra_args={"kv_transfer_params": kv_params} if kv_params else None,
         )
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        """Stops a request whose caller vanished (vLLM may have stopped it already)."""
+        try:
+            await self._llm.abort(request_id)
+        except Exception as exc:  # the engine may be shutting down: nothing left to stop
+            log.debug("abort of %s after its caller left: %s", request_id, exc)
 
     async def abort(self, request_id: str) -> None:
         if request_id not in self._in_flight:

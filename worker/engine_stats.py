@@ -1,17 +1,19 @@
 """What the engine reports about itself: running / waiting sequences, KV usage, tokens/s.
 
 vLLM hands per-step statistics to stat loggers; `EngineStats.logger_factory()` plugs one in
-that keeps the latest scheduler numbers and a sliding window of generated tokens.
+that keeps the latest scheduler numbers and a sliding window of generated tokens, and hands
+every step to an optional `StepObserver` (the worker's metrics).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from worker.constants import THROUGHPUT_WINDOW_SECONDS
 
@@ -25,6 +27,32 @@ class EngineSnapshot:
     generated_tokens_total: int
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step as vLLM's stat logger saw it."""
+
+    batch_size: int  # requests the step ran (prefills + decodes); 0: not known for this step
+    running_seqs: int
+    waiting_seqs: int
+    kv_cache_usage: float
+    generated_tokens: int
+    preempted_requests: int  # vLLM preemptions (KV ran out) reported with this step
+    persisted: dict[str, int]  # the connector's writer, since its last report (persist_stats)
+
+
+class StepObserver(Protocol):
+    def on_step(self, step: StepRecord) -> None:
+        """Called on vLLM's output path once per step; must not block."""
+
+
+class _IterationLines(logging.Filter):
+    """vLLM logs one INFO line per step once iteration details are on; we want the numbers,
+    not the lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Iteration(" not in str(record.msg)
+
+
 class EngineStats:
     """Thread-safe: vLLM may record from its output thread while gRPC reads."""
 
@@ -32,7 +60,9 @@ class EngineStats:
         self,
         window_seconds: float = THROUGHPUT_WINDOW_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        observer: StepObserver | None = None,
     ) -> None:
+        self._observer = observer
         self._window_seconds = window_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -72,10 +102,20 @@ class EngineStats:
         while self._recent and now - self._recent[0][0] > self._window_seconds:
             self._recent.popleft()
 
+    def observe(self, step: StepRecord) -> None:
+        self.record_step(
+            step.running_seqs, step.waiting_seqs, step.kv_cache_usage, step.generated_tokens
+        )
+        if self._observer is not None:
+            self._observer.on_step(step)
+
     def logger_factory(self) -> Callable[..., Any]:
         """A vLLM stat-logger factory whose loggers feed this object."""
         from vllm.v1.metrics.loggers import StatLoggerBase
 
+        vllm_stat_log = logging.getLogger("vllm.v1.metrics.loggers")
+        if not any(isinstance(f, _IterationLines) for f in vllm_stat_log.filters):
+            vllm_stat_log.addFilter(_IterationLines())
         stats = self
 
         class _Recorder(StatLoggerBase):
@@ -92,16 +132,39 @@ class EngineStats:
                 if scheduler_stats is not None:
                     self._last_scheduler = scheduler_stats
                 sched = self._last_scheduler
-                stats.record_step(
-                    running=sched.num_running_reqs if sched else 0,
-                    waiting=sched.num_waiting_reqs if sched else 0,
-                    kv_usage=sched.kv_cache_usage if sched else 0.0,
-                    generated_tokens=(
-                        iteration_stats.num_generation_tokens if iteration_stats else 0
-                    ),
+                stats.observe(
+                    StepRecord(
+                        batch_size=_batch_size(scheduler_stats),
+                        running_seqs=sched.num_running_reqs if sched else 0,
+                        waiting_seqs=sched.num_waiting_reqs if sched else 0,
+                        kv_cache_usage=sched.kv_cache_usage if sched else 0.0,
+                        generated_tokens=(
+                            iteration_stats.num_generation_tokens if iteration_stats else 0
+                        ),
+                        preempted_requests=(
+                            iteration_stats.num_preempted_reqs if iteration_stats else 0
+                        ),
+                        persisted=dict(
+                            (scheduler_stats.kv_connector_stats or {}) if scheduler_stats else {}
+                        ),
+                    )
                 )
 
             def log_engine_initialized(self) -> None:
                 pass
 
         return _Recorder
+
+
+def _batch_size(scheduler_stats: Any) -> int:
+    """Requests the step ran: vLLM's iteration details (prefills + decodes scheduled) when the
+    engine reports them, else the running count after the step (which leaves out requests
+    that finished in it)."""
+    if scheduler_stats is None:
+        return 0
+    details = getattr(scheduler_stats, "iteration_details", None)
+    if details is not None:
+        if details.is_dummy:
+            return 0
+        return int(details.num_ctx_requests + details.num_generation_requests)
+    return int(scheduler_stats.num_running_reqs)

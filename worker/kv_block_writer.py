@@ -1,7 +1,9 @@
 """The connector's write-behind: KV block copies go to Redis on a thread, never on the step.
 
-The engine step only copies a block out of the paged cache (microseconds) and queues it;
-this thread encodes and sends batches, one pipelined round trip each. Nothing here ever
+The engine step only copies a block out of the paged cache into the buffer it will be sent
+from (``kv_layout.copy_block``: room for the header, then the KV) and queues it; this thread
+seals each buffer in place (header, CRC) and sends batches, one pipelined round trip each,
+so a block's bytes are copied once between the cache and the socket. Nothing here ever
 blocks the step: a full queue or an unreachable Redis drops the block (counted, logged once
 per outage); the block's tokens will simply be recomputed if that request is resumed.
 
@@ -24,15 +26,15 @@ import torch
 
 from context_daemon.store import (
     BlockWrite,
-    KVBlock,
     KVFormat,
     RedisStore,
     StoreError,
     StoreUnavailable,
     TokenCommit,
 )
+from context_daemon.store.block_codec import EncodedBlock, header_bytes, seal_block
 from worker.constants import KV_WRITE_BATCH_BLOCKS
-from worker.kv_layout import block_payload
+from worker.kv_layout import block_buffer
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,8 @@ _STOP = None
 @dataclass(frozen=True)
 class PendingBlock:
     """A block copied out of the cache, waiting to be written; ``num_tokens`` below the block
-    size makes it the request's partial tail."""
+    size makes it the request's partial tail. ``data`` is the ``kv_layout.copy_block`` buffer:
+    the store's header bytes, still free, then the block's KV."""
 
     request_id: str
     block_index: int
@@ -64,7 +67,10 @@ class KVBlockWriter:
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._max_queued_blocks = max_queued_blocks
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._header_bytes = header_bytes(kv_format)
         self._written = 0
+        self._written_bytes = 0
         self._dropped = 0
         self._unavailable = False
         self._thread = threading.Thread(target=self._run, name="spot-kv-writer", daemon=True)
@@ -88,9 +94,22 @@ class KVBlockWriter:
             return self._written
 
     @property
+    def written_bytes(self) -> int:
+        """KV payload bytes of the written blocks (what Redis confirmed, headers left out)."""
+        with self._lock:
+            return self._written_bytes
+
+    @property
     def dropped_blocks(self) -> int:
         with self._lock:
             return self._dropped
+
+    def wait_settled(self, blocks: int, timeout_seconds: float) -> bool:
+        """Wait until ``blocks`` blocks in all were written or dropped; False on timeout."""
+        with self._settled:
+            return self._settled.wait_for(
+                lambda: self._written + self._dropped >= blocks, timeout_seconds
+            )
 
     def close(self, timeout_seconds: float) -> None:
         """Stop after the queued blocks are sent (or dropped); wait at most ``timeout_seconds``."""
@@ -103,8 +122,9 @@ class KVBlockWriter:
             if first is _STOP:
                 return
             batch: list[_Item] = [first]
+            blocks = int(isinstance(first, PendingBlock))
             stop = False
-            while sum(isinstance(item, PendingBlock) for item in batch) < KV_WRITE_BATCH_BLOCKS:
+            while blocks < KV_WRITE_BATCH_BLOCKS:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -113,6 +133,7 @@ class KVBlockWriter:
                     stop = True
                     break
                 batch.append(item)
+                blocks += isinstance(item, PendingBlock)
             self._write(batch)
             if stop:
                 return
@@ -120,19 +141,21 @@ class KVBlockWriter:
     def _write(self, batch: list[_Item]) -> None:
         block_tokens = self._kv_format.block_tokens
         commits = [item for item in batch if isinstance(item, TokenCommit)]
-        writes = [
-            BlockWrite(
-                request_id=pending.request_id,
-                block_index=pending.block_index,
-                block=KVBlock(
-                    kv_format=self._kv_format,
-                    prefix_hash=pending.prefix_hash,
-                    num_tokens=pending.num_tokens or block_tokens,
-                    payload=block_payload(pending.data),
+        encoded: list[tuple[PendingBlock, EncodedBlock]] = [
+            (
+                pending,
+                seal_block(
+                    block_buffer(pending.data),
+                    self._kv_format,
+                    pending.prefix_hash,
+                    pending.num_tokens or block_tokens,
                 ),
             )
             for pending in batch
             if isinstance(pending, PendingBlock)
+        ]
+        writes = [
+            BlockWrite(pending.request_id, pending.block_index, block) for pending, block in encoded
         ]
         try:
             if commits:
@@ -151,8 +174,10 @@ class KVBlockWriter:
             return
         with self._lock:
             self._written += len(writes)
+            self._written_bytes += sum(len(block.data) - self._header_bytes for _, block in encoded)
             recovered = self._unavailable
             self._unavailable = False
+            self._settled.notify_all()
         if recovered:
             log.warning("KV persistence resumed: Redis answers again")
 
@@ -162,5 +187,6 @@ class KVBlockWriter:
             first_of_outage = outage and not self._unavailable
             if outage:
                 self._unavailable = True
+            self._settled.notify_all()
         if first_of_outage or not outage:
             log.warning("dropped %d KV block write(s): %s", count, why)

@@ -20,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from context_daemon.store import KVFormat
+from context_daemon.store.block_codec import Buffer
 
 
 def attention_spec(kv_cache_config: Any) -> Any:
@@ -75,26 +77,41 @@ def check_tensors(tensors: Sequence[torch.Tensor], num_blocks: int, kv_format: K
             raise ValueError(f"KV tensor dtype {tensor.dtype}, expected {kv_format.dtype}")
 
 
-def copy_block(tensors: Sequence[torch.Tensor], block_id: int) -> torch.Tensor:
-    """A private copy of one block, all layers, as flat bytes (the cache slot may be reused
-    as soon as the step ends, so the copy is taken now and encoded later)."""
-    return torch.cat([tensor[block_id].reshape(-1).view(torch.uint8) for tensor in tensors])
+def copy_block(tensors: Sequence[torch.Tensor], block_id: int, header_bytes: int) -> torch.Tensor:
+    """A private copy of one block, all layers, as flat bytes that follow ``header_bytes`` free
+    bytes: the one buffer the store's codec seals in place and the socket sends from, so the
+    KV is copied once (the cache slot may be reused as soon as the step ends, so the copy is
+    taken now and sealed later, on the writer thread)."""
+    sources = [tensor[block_id].reshape(-1).view(torch.uint8) for tensor in tensors]
+    buffer = torch.empty(header_bytes + sum(s.numel() for s in sources), dtype=torch.uint8)
+    offset = header_bytes
+    for source in sources:
+        buffer[offset : offset + source.numel()].copy_(source)
+        offset += source.numel()
+    return buffer
 
 
-def block_payload(copy: torch.Tensor) -> bytes:
-    return copy.numpy().tobytes()
+def block_buffer(copy: torch.Tensor) -> memoryview:
+    """The bytes of a ``copy_block`` buffer as a writable view (no copy)."""
+    return copy.numpy().data.cast("B")
 
 
-def load_block(tensors: Sequence[torch.Tensor], block_id: int, payload: bytes) -> None:
-    """Write a stored block's payload into cache slot ``block_id`` of every layer."""
-    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+def load_block(tensors: Sequence[torch.Tensor], block_id: int, payload: Buffer) -> None:
+    """Write a stored block's payload into cache slot ``block_id`` of every layer, straight
+    from the buffer Redis filled (a read-only view: numpy reads it without a copy, where
+    torch would want a writable one)."""
+    source = np.frombuffer(payload, dtype=np.uint8)
+    targets = [tensor[block_id].view(-1).view(torch.uint8) for tensor in tensors]
+    if sum(target.numel() for target in targets) != source.size:
+        raise ValueError(
+            f"a {source.size}-byte payload does not fill a block of "
+            f"{sum(target.numel() for target in targets)} bytes"
+        )
     offset = 0
-    for tensor in tensors:
-        target = tensor[block_id]
-        size = target.numel() * target.element_size()
-        if offset + size > data.numel():
-            raise ValueError("payload shorter than the block it should fill")
-        target.view(-1).view(torch.uint8).copy_(data[offset : offset + size])
-        offset += size
-    if offset != data.numel():
-        raise ValueError("payload longer than the block it should fill")
+    for target in targets:
+        chunk = source[offset : offset + target.numel()]
+        if target.device.type == "cpu":
+            target.numpy()[:] = chunk
+        else:
+            target.copy_(torch.from_numpy(chunk.copy()))
+        offset += target.numel()

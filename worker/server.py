@@ -9,6 +9,7 @@ its context daemon uses on the same host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import uuid
@@ -27,6 +28,7 @@ from worker.constants import SERVER_STOP_GRACE_SECONDS
 from worker.engine import Engine
 from worker.errors import CannotResume
 from worker.flush_state import FlushState
+from worker.metrics import LiveNumbers, WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +43,14 @@ _RESUME_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
     def __init__(
-        self, engine: Engine, set_health: Callable[[bool], Awaitable[None]] | None = None
+        self,
+        engine: Engine,
+        set_health: Callable[[bool], Awaitable[None]] | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._engine = engine
         self._set_health = set_health
+        self._metrics = metrics or WorkerMetrics()
 
     def _to_request(self, msg: common_pb2.GenerateRequest) -> GenerationRequest:
         check_request_id(msg.request_id)
@@ -64,22 +70,32 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: common_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        timer = self._metrics.request_timer("generate")
         try:
             generation = self._to_request(request)
-            async for chunk in self._engine.generate(generation):
-                yield chunk_to_proto(chunk)
+            async with contextlib.aclosing(self._engine.generate(generation)) as chunks:
+                async for chunk in chunks:
+                    timer.see(chunk)
+                    yield chunk_to_proto(chunk)
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:  # mapped to a status in one place
             await abort_with(context, exc)
+        finally:
+            timer.finish()
 
     async def Resume(  # noqa: N802
         self, request: worker_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        timer = self._metrics.request_timer("resume")
         try:
             check_request_id(request.request_id)
-            async for chunk in self._engine.resume(request.request_id, request.from_index):
-                yield chunk_to_proto(chunk)
+            async with contextlib.aclosing(
+                self._engine.resume(request.request_id, request.from_index)
+            ) as chunks:
+                async for chunk in chunks:
+                    timer.see(chunk)
+                    yield chunk_to_proto(chunk)
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
@@ -87,6 +103,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 if isinstance(exc, error_type):
                     await context.abort(code, str(exc))
             await abort_with(context, exc)
+        finally:
+            timer.finish()
 
     async def Abort(  # noqa: N802
         self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
@@ -111,6 +129,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[daemon_pb2.FlushProgress]:
         if self._set_health is not None:
             await self._set_health(False)
+        self._metrics.preempted(self._engine.in_flight)
         try:
             async for state in self._engine.preempt(request.deadline_unix):
                 yield flush_progress_to_proto(state, self._engine.config.worker_id)
@@ -166,14 +185,18 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     store = RedisStore.from_url(config.redis_url) if config.redis_url else None
-    engine = Engine(config, store)
+    metrics = WorkerMetrics()
+    engine = Engine(config, store, metrics)
+    metrics.read_live_from(lambda: live_numbers(engine))
+    if config.metrics_port:
+        metrics.serve(config.host, config.metrics_port)
     server = grpc.aio.server(options=server_options(config.max_message_bytes))
     health = add_health_and_reflection(server, [SERVICE_NAME])
 
     async def set_health(serving: bool) -> None:
         await set_serving(health, [SERVICE_NAME], serving)
 
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(engine, set_health), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(engine, set_health, metrics), server)
     await set_serving(health, [SERVICE_NAME], False)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if config.unix_socket:
@@ -203,6 +226,21 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
     await server.stop(SERVER_STOP_GRACE_SECONDS)
     await engine.close_persistence(SERVER_STOP_GRACE_SECONDS)
     engine.shutdown()
+    metrics.stop()
     if store is not None:
         store.close()
     return 0
+
+
+def live_numbers(engine: Engine) -> LiveNumbers:
+    """The engine's present state for the metrics (called from the scraping thread: only
+    reads that EngineStats locks, or plain attributes)."""
+    status = engine.status()
+    return LiveNumbers(
+        running_seqs=status.engine.running_seqs,
+        waiting_seqs=status.engine.waiting_seqs,
+        kv_blocks_total=status.shape.kv_blocks_total if status.shape is not None else 0,
+        kv_cache_usage=status.engine.kv_cache_usage,
+        tokens_per_second=status.engine.tokens_per_second,
+        generated_tokens_total=status.engine.generated_tokens_total,
+    )

@@ -59,6 +59,7 @@ from context_daemon.store import (
     block_reads,
     tail_hash,
 )
+from context_daemon.store.block_codec import Buffer, header_bytes
 from worker.constants import (
     FLUSH_ASSUMED_BYTES_PER_SECOND,
     FLUSH_ASSUMED_ROUND_TRIP_SECONDS,
@@ -71,6 +72,14 @@ from worker.constants import (
 )
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
 from worker.kv_layout import check_tensors, copy_block, kv_format_for, layer_names, load_block
+from worker.persist_stats import (
+    DROPPED_BLOCKS,
+    WRITTEN_BLOCKS,
+    WRITTEN_BYTES,
+    PersistReporter,
+    PersistStats,
+    persist_stats_from,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -122,7 +131,7 @@ class BlockLoad:
     """Fill cache slot ``block_id`` with a verified stored payload."""
 
     block_id: int
-    payload: bytes
+    payload: Buffer
 
 
 @dataclass
@@ -181,6 +190,7 @@ class SpotKVConnector(KVConnectorBase_V1):
             str(extra.get_from_extra_config("model_fingerprint", "")),
             str(current_platform.device_type),
         )
+        self._header_bytes = header_bytes(self._kv_format)
         self._num_blocks = int(kv_cache_config.num_blocks)
         self._layer_names = layer_names(kv_cache_config)
         self._store = RedisStore.from_url(str(extra.get_from_extra_config("redis_url", "")))
@@ -194,6 +204,7 @@ class SpotKVConnector(KVConnectorBase_V1):
         self._writer: KVBlockWriter | None = None
         if role == KVConnectorRole.WORKER:
             self._writer = KVBlockWriter(self._store, self._kv_format, KV_WRITE_QUEUE_BLOCKS)
+        self._persist_reporter = PersistReporter()
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -476,7 +487,7 @@ class SpotKVConnector(KVConnectorBase_V1):
                     request_id=save.request_id,
                     block_index=save.block_index,
                     prefix_hash=save.prefix_hash,
-                    data=copy_block(self._tensors, save.block_id),
+                    data=copy_block(self._tensors, save.block_id, self._header_bytes),
                     num_tokens=save.num_tokens,
                 ),
                 required=save.required,
@@ -489,6 +500,22 @@ class SpotKVConnector(KVConnectorBase_V1):
             return None, None
         released, self._released = self._released, set()
         return released, None
+
+    def get_kv_connector_stats(self) -> PersistStats | None:
+        """What the writer persisted since the last call (the worker's metrics add it up)."""
+        if self._writer is None:
+            return None
+        return self._persist_reporter.report(
+            {
+                WRITTEN_BLOCKS: self._writer.written_blocks,
+                WRITTEN_BYTES: self._writer.written_bytes,
+                DROPPED_BLOCKS: self._writer.dropped_blocks,
+            }
+        )
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> PersistStats | None:
+        return persist_stats_from(data)
 
     def shutdown(self) -> None:
         if self._writer is not None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from context_daemon.store import (
@@ -65,10 +66,21 @@ class _Round:
 
 
 class TokenCommitter:
-    """Create with a store and this worker's id; `start()` on the serving loop, `close()` at exit."""
+    """Create with a store and this worker's id; `start()` on the serving loop, `close()` at exit.
 
-    def __init__(self, store: RedisStore, worker_id: str, retry_seconds: float) -> None:
+    ``on_commit`` receives the seconds of each successful `commit_step` round trip, on the
+    committer's thread.
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        worker_id: str,
+        retry_seconds: float,
+        on_commit: Callable[[float], None] | None = None,
+    ) -> None:
         self._store = store
+        self._on_commit = on_commit
         self._worker_id = worker_id
         self._retry_seconds = retry_seconds
         self._pending: dict[str, _Pending] = {}
@@ -212,7 +224,11 @@ class TokenCommitter:
             work.claimed.append(record.request_id)
         if work.commits:
             self._commit_calls += 1
-            for outcome in self._store.commit_step(work.commits):
+            started = time.perf_counter()
+            outcomes = self._store.commit_step(work.commits)
+            if self._on_commit is not None:
+                self._on_commit(time.perf_counter() - started)
+            for outcome in outcomes:
                 reason = outcome.conflict.reason if outcome.conflict is not None else None
                 work.outcomes[outcome.request_id] = (outcome.committed_length, reason)
         for request_id, status in work.finishes:

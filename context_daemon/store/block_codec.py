@@ -37,16 +37,23 @@ can never see a header without its bytes or the bytes of an older write with a n
 it is also one round trip and one key per block. The header is ~100 bytes next to payloads of
 tens of KiB to MiB, so sending it with every write costs nothing measurable.
 
-Why CRC-32 (zlib): it catches every single-byte flip and every burst up to 32 bits, which is
-what storage and network corruption look like, and runs at several GB/s; it does not defend
-against a deliberate forger, which the prefix hash and the fingerprint check do not need to.
+Why CRC-32 (zlib's polynomial): it catches every single-byte flip and every burst up to 32
+bits, which is what storage and network corruption look like; it does not defend against a
+deliberate forger, which the prefix hash and the fingerprint check do not need to. ISA-L's
+implementation (``isal``, carry-less multiply folding) computes the very same value as
+``zlib.crc32`` at tens of GB/s instead of ~4, so it is used when installed and the stored
+format does not depend on which one wrote it.
+
+The writer builds a block in ONE buffer (``block_buffer_bytes``): the worker copies the KV
+straight from the cache into the payload part, and ``seal_block`` writes the header in front
+of it and the CRC over both in place, so a block's bytes are copied once on their way to
+the socket.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,6 +65,14 @@ from context_daemon.constants import (
     TOKEN_ID_BYTES,
 )
 from context_daemon.store.errors import BlockRejected, RejectReason
+
+try:
+    from isal.isal_zlib import crc32
+except ImportError:  # the same checksum, only slower
+    from zlib import crc32
+
+Buffer = bytes | bytearray | memoryview
+"""Anything whose bytes can be read without a copy (a payload, a stored block)."""
 
 _CHAIN_PERSON = b"si-kv-chain"
 _FINGERPRINT_PERSON = b"si-model-fp"
@@ -163,7 +178,9 @@ class KVBlock:
     """Chain hash through the block's last token (see the module docstring)."""
     num_tokens: int
     """Tokens filled; equal to ``kv_format.block_tokens`` for a full block."""
-    payload: bytes
+    payload: Buffer
+    """Every layer's KV of the block; a loaded block's payload is a view into what Redis
+    returned (no copy)."""
 
     def __post_init__(self) -> None:
         if len(self.prefix_hash) != BLOCK_HASH_BYTES:
@@ -178,37 +195,89 @@ class KVBlock:
         return self.num_tokens == self.kv_format.block_tokens
 
 
-def encode_block(block: KVBlock) -> bytes:
-    """Header + payload as stored in Redis."""
-    kv_format = block.kv_format
+@dataclass(frozen=True)
+class EncodedBlock:
+    """A block in its stored form (header + payload in one buffer), ready to send as is."""
+
+    prefix_hash: bytes
+    num_tokens: int
+    is_full: bool
+    data: memoryview
+    """The stored bytes, format ``B``: what one SET sends without copying."""
+
+
+def header_bytes(kv_format: KVFormat) -> int:
+    """Length of the header of a block of ``kv_format``: where its payload starts."""
+    return _FIXED.size + len(kv_format.dtype) + len(kv_format.layout)
+
+
+def block_buffer_bytes(kv_format: KVFormat, payload_bytes: int) -> int:
+    """Size of the one buffer that holds a block's stored form (see ``seal_block``)."""
+    return header_bytes(kv_format) + payload_bytes
+
+
+def seal_block(
+    data: memoryview, kv_format: KVFormat, prefix_hash: bytes, num_tokens: int
+) -> EncodedBlock:
+    """Turn a buffer whose payload part (from ``header_bytes(kv_format)`` on) is filled into
+    the stored form, in place: write the header in front of the payload and the CRC over both.
+
+    ``data`` must be writable and hold at least a header; nothing is copied, so the caller
+    must not change the buffer after sealing it.
+    """
+    if len(prefix_hash) != BLOCK_HASH_BYTES:
+        raise ValueError(f"prefix_hash must be {BLOCK_HASH_BYTES} bytes")
+    if not 0 < num_tokens <= kv_format.block_tokens:
+        raise ValueError(f"num_tokens {num_tokens} outside [1, {kv_format.block_tokens}]")
+    data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
     dtype = kv_format.dtype.encode()
     layout = kv_format.layout.encode()
     header_len = _FIXED.size + len(dtype) + len(layout)
-    header = bytearray(
-        _FIXED.pack(
-            BLOCK_MAGIC,
-            BLOCK_FORMAT_VERSION,
-            header_len,
-            0,
-            kv_format.layer_count,
-            kv_format.block_tokens,
-            block.num_tokens,
-            len(block.payload),
-            block.prefix_hash,
-            fingerprint_digest(kv_format.model_fingerprint),
-            len(dtype),
-            len(layout),
-        )
+    if len(data) < header_len:
+        raise ValueError(f"a {len(data)}-byte buffer cannot hold a {header_len}-byte header")
+    _FIXED.pack_into(
+        data,
+        0,
+        BLOCK_MAGIC,
+        BLOCK_FORMAT_VERSION,
+        header_len,
+        0,
+        kv_format.layer_count,
+        kv_format.block_tokens,
+        num_tokens,
+        len(data) - header_len,
+        prefix_hash,
+        fingerprint_digest(kv_format.model_fingerprint),
+        len(dtype),
+        len(layout),
     )
-    header += dtype + layout
-    crc = zlib.crc32(block.payload, zlib.crc32(header[_CRC_COVERS_FROM:]))
-    struct.pack_into("<I", header, _CRC_OFFSET, crc)
-    return bytes(header) + block.payload
+    data[_FIXED.size : header_len] = dtype + layout
+    struct.pack_into("<I", data, _CRC_OFFSET, crc32(data[_CRC_COVERS_FROM:]))
+    return EncodedBlock(
+        prefix_hash=prefix_hash,
+        num_tokens=num_tokens,
+        is_full=num_tokens == kv_format.block_tokens,
+        data=data,
+    )
+
+
+def encoded_block(block: KVBlock) -> EncodedBlock:
+    """The stored form of a block held as a separate payload (one copy of the payload)."""
+    payload = memoryview(block.payload).cast("B")
+    buffer = bytearray(block_buffer_bytes(block.kv_format, len(payload)))
+    view = memoryview(buffer)
+    view[header_bytes(block.kv_format) :] = payload
+    return seal_block(view, block.kv_format, block.prefix_hash, block.num_tokens)
+
+
+def encode_block(block: KVBlock) -> bytes:
+    """Header + payload as stored in Redis, as an immutable copy."""
+    return bytes(encoded_block(block).data)
 
 
 def decode_block(
     block_name: str,
-    data: bytes | None,
+    data: Buffer | None,
     expected: KVFormat,
     expected_prefix_hash: bytes,
     expected_num_tokens: int,
@@ -225,8 +294,9 @@ def decode_block(
 
     if data is None:
         raise reject(RejectReason.MISSING)
-    if len(data) < _FIXED.size:
-        raise reject(RejectReason.MALFORMED, f"{len(data)} bytes is shorter than a header")
+    view = memoryview(data).cast("B")
+    if len(view) < _FIXED.size:
+        raise reject(RejectReason.MALFORMED, f"{len(view)} bytes is shorter than a header")
     (
         magic,
         version,
@@ -240,15 +310,14 @@ def decode_block(
         fp_digest,
         dtype_len,
         layout_len,
-    ) = _FIXED.unpack_from(data)
+    ) = _FIXED.unpack_from(view)
     if magic != BLOCK_MAGIC:
         raise reject(RejectReason.MALFORMED, "bad magic")
     if version != BLOCK_FORMAT_VERSION:
         raise reject(RejectReason.VERSION, f"format {version}, expected {BLOCK_FORMAT_VERSION}")
-    if header_len != _FIXED.size + dtype_len + layout_len or len(data) != header_len + payload_len:
+    if header_len != _FIXED.size + dtype_len + layout_len or len(view) != header_len + payload_len:
         raise reject(RejectReason.MALFORMED, "lengths do not add up")
-    view = memoryview(data)
-    if zlib.crc32(view[header_len:], zlib.crc32(view[_CRC_COVERS_FROM:header_len])) != crc:
+    if crc32(view[_CRC_COVERS_FROM:]) != crc:
         raise reject(RejectReason.CHECKSUM)
     if fp_digest != fingerprint_digest(expected.model_fingerprint):
         raise reject(RejectReason.FINGERPRINT)
@@ -274,7 +343,7 @@ def decode_block(
         kv_format=expected,
         prefix_hash=prefix_hash,
         num_tokens=num_tokens,
-        payload=bytes(view[header_len:]),
+        payload=view[header_len:],
     )
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from context_daemon.store.block_codec import KVBlock, KVFormat, block_hashes, tail_hash
+from context_daemon.store.block_codec import (
+    EncodedBlock,
+    KVBlock,
+    KVFormat,
+    block_hashes,
+    tail_hash,
+)
 from context_daemon.store.keys import block_key, request_tail_key, validate_request_id
 
 
@@ -14,12 +20,13 @@ class BlockWrite:
     """Persist ``block`` as block ``block_index`` of ``request_id``.
 
     A full block goes to its content-addressed key and is linked to the request; a partial
-    block replaces the request's tail.
+    block replaces the request's tail. An ``EncodedBlock`` (the writer's, built in place) is
+    sent as it is; a ``KVBlock`` is encoded first.
     """
 
     request_id: str
     block_index: int
-    block: KVBlock
+    block: KVBlock | EncodedBlock
 
     def __post_init__(self) -> None:
         validate_request_id(self.request_id)

@@ -122,15 +122,16 @@ return {{{ScriptCode.OK}, status}}
 """,
 )
 
-# KEYS: meta, blocks.  ARGV: block index, hex block hash, ttl seconds.
-# Links a stored full block to its request, only while the request's record exists, so a late
-# write after a delete leaves nothing behind.
+# KEYS: meta, blocks.  ARGV: ttl seconds, then block index / hex block hash pairs.
+# Links stored full blocks (any number of one request, so a write batch costs one call per
+# request, not per block) to their request, only while the request's record exists, so a
+# late write after a delete leaves nothing behind.
 ATTACH_BLOCK = LuaScript(
     "attach_block",
     f"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {ScriptCode.NO_RECORD} end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('HSET', KEYS[2], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[2], ARGV[1])
 return {ScriptCode.OK}
 """,
 )

@@ -18,10 +18,11 @@ from context_daemon.store import keys
 from context_daemon.store.block_codec import (
     HEADER_FIXED_BYTES,
     BlockSummary,
+    EncodedBlock,
     KVBlock,
     KVFormat,
     decode_block,
-    encode_block,
+    encoded_block,
     pack_token_ids,
     read_summary,
     unpack_token_ids,
@@ -270,52 +271,65 @@ class RedisStore:
     def put_blocks(self, writes: Sequence[BlockWrite]) -> list[bool]:
         """Persist many blocks in one round trip; True per write that is linked to a live record.
 
-        A full block is written to its content-addressed key first and linked to the request
-        after (in that order on one node), so a link never names a block that was not sent.
-        Writing an existing full block again restarts its TTL. A write for a request whose
-        record is gone stores the shared block (it expires) but no per-request key.
+        The pipeline holds, in this order: a plain SET per full block (its content-addressed
+        key), one ATTACH_BLOCK script per request naming all of that request's full blocks of
+        the batch, then the tails (PUT_TAIL), so on one node a link never names a block that
+        was not sent and a stored tail means the full blocks before it were. Writing an
+        existing full block again restarts its TTL. A write for a request whose record is gone
+        stores the shared block (it expires) but no per-request key.
         """
         config = self._config
-        commands: list[Command] = []
+        sets: list[Command] = []
+        links: dict[str, list[Any]] = {}
+        tails: list[Command] = []
         for write in writes:
-            encoded = encode_block(write.block)
-            meta_key = keys.request_meta_key(write.request_id)
-            if write.block.is_full:
-                commands.append(
+            encoded = (
+                write.block if isinstance(write.block, EncodedBlock) else encoded_block(write.block)
+            )
+            if encoded.is_full:
+                sets.append(
                     (
                         "SET",
-                        keys.block_key(write.block.prefix_hash),
-                        encoded,
+                        keys.block_key(encoded.prefix_hash),
+                        encoded.data,
                         "EX",
                         config.block_ttl_seconds,
                     )
                 )
-                commands.append(
-                    evalsha(
-                        ATTACH_BLOCK,
-                        [meta_key, keys.request_blocks_key(write.request_id)],
-                        [
-                            write.block_index,
-                            write.block.prefix_hash.hex(),
-                            config.request_ttl_seconds,
-                        ],
-                    )
-                )
+                pairs = links.setdefault(write.request_id, [])
+                pairs += [write.block_index, encoded.prefix_hash.hex()]
             else:
-                commands.append(
+                tails.append(
                     evalsha(
                         PUT_TAIL,
-                        [meta_key, keys.request_tail_key(write.request_id)],
-                        [encoded, config.request_ttl_seconds],
+                        [
+                            keys.request_meta_key(write.request_id),
+                            keys.request_tail_key(write.request_id),
+                        ],
+                        [encoded.data, config.request_ttl_seconds],
                     )
                 )
-        results = iter(self._run(commands))
-        linked = []
-        for write in writes:
-            if write.block.is_full:
-                next(results)
-            linked.append(next(results) == ScriptCode.OK)
-        return linked
+        attaches = [
+            evalsha(
+                ATTACH_BLOCK,
+                [keys.request_meta_key(request_id), keys.request_blocks_key(request_id)],
+                [config.request_ttl_seconds, *pairs],
+            )
+            for request_id, pairs in links.items()
+        ]
+        results = self._run([*sets, *attaches, *tails])
+        link_results = results[len(sets) : len(sets) + len(attaches)]
+        linked_by_request = {
+            request_id: result == ScriptCode.OK
+            for request_id, result in zip(links, link_results, strict=True)
+        }
+        tail_results = iter(results[len(sets) + len(attaches) :])
+        return [
+            linked_by_request[write.request_id]
+            if write.block.is_full
+            else next(tail_results) == ScriptCode.OK
+            for write in writes
+        ]
 
     def get_blocks(
         self, reads: Sequence[BlockRead], kv_format: KVFormat

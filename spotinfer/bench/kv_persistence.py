@@ -7,23 +7,27 @@ One `redis-server` on a free loopback port, started here. Each round, for each p
 depth P and in alternating order, the same number of KV blocks of SmolLM2-135M geometry
 (30 layers x 3 KV heads x 128 tokens x 2 x 64 x bf16 = 2,949,120 payload bytes) is written by
 
-- ``writer``: the worker's `KVBlockWriter` (what the connector hands blocks to): a uint8
-  tensor copy per block -> bytes -> block codec (header, CRC-32) -> `RedisStore.put_blocks`
-  (SET of the block + the ATTACH_BLOCK script that links it to its request), P blocks per
-  engine step, the next step submitted once the last one is written;
+- ``writer``: the worker's `KVBlockWriter` (what the connector hands blocks to): per block,
+  `kv_layout.copy_block` copies every layer's slot of a paged bf16 cache of this geometry
+  straight into the buffer it will be sent from; the writer thread seals it in place
+  (header, CRC-32) and `RedisStore.put_blocks` sends it (a plain SET per block, one
+  ATTACH_BLOCK script per request and batch), P blocks per engine step, the next step
+  submitted once the last one is written;
 - ``writer, streamed``: the same writer given all N blocks at once, as when blocks become
   full faster than Redis takes them: the thread forms its own batches (whatever is queued
   when it finishes the previous one); compared against redis-benchmark's best depth;
 - ``put_blocks``: `RedisStore.put_blocks` called directly with P ready `KVBlock`s (codec and
   pipeline, no tensor copy or thread hand-off);
-- ``redis-py SET``: the same client library sending P pre-encoded values as plain SETs in
-  one pipeline (no codec, no script): what the Python client alone costs;
+- ``redis-py SET``: the same client library, built as the store builds it, sending P
+  pre-encoded values as plain SETs in one pipeline (no codec, no script): what the Python
+  client alone costs;
 - ``redis-benchmark``: ``redis-benchmark -t set -d <encoded block size> -P P -c 1 -n N
   -r 1000000 --csv``, SETs of a value exactly as long as one encoded block.
 
 Fairness: one connection on every path (the writer thread owns one; ``-c 1``); the same value
 size (the encoded block, header included); the same pipelining depth (P SETs per round trip;
-our path also sends one small ATTACH_BLOCK script per block, counted as overhead, not bytes);
+our path also sends one small ATTACH_BLOCK script per round trip, counted as overhead, not
+bytes);
 the server is emptied (FLUSHALL) before every run, so each starts with the same memory state;
 distinct keys (content-addressed blocks; ``-r`` for redis-benchmark). MB/s = encoded bytes /
 wall seconds, 1 MB = 10^6 bytes. Medians over rounds.
@@ -60,21 +64,22 @@ from context_daemon.store import (
     RequestStatus,
     StoreConfig,
 )
-from context_daemon.store.block_codec import chain_hash, encode_block
+from context_daemon.store.block_codec import chain_hash, encode_block, header_bytes, seal_block
 from context_daemon.store.redis_link import RedisClient, connect
 from spotinfer.local.redis_process import RedisProcess
 from worker.constants import KV_WRITE_QUEUE_BLOCKS
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
+from worker.kv_layout import block_buffer, copy_block
 
 PATHS = ("writer", "put_blocks", "redis-py SET", "redis-benchmark")
 BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
 BF16_BYTES = 2
 RANDOM_KEYSPACE = 1_000_000
-WRITER_POLL_SECONDS = 0.0005
 WRITER_TIMEOUT_SECONDS = 120.0
 REQUEST_ID = "bench-kv-persistence"
 MB = 1_000_000
 COST_SAMPLES = 20
+CACHE_SLOTS = 8  # blocks of the synthetic paged cache the writer path copies from
 
 
 @dataclass(frozen=True)
@@ -132,18 +137,32 @@ class Bench:
         self._admin = redis.Redis.from_url(redis_url)
         # The store gets a client built as the worker builds its own (same timeouts, bytes).
         self._store = BatchRecordingStore(connect(redis_url, False, StoreConfig()))
+        self._client = connect(redis_url, False, StoreConfig())
         self._format = kv_format_for(geometry, fingerprint)
         self._fingerprint = fingerprint
-        # Random bytes: CRC-32 and the socket do not care what the KV values are.
+        # Random bytes: CRC-32 and the socket do not care what the KV values are. The layer
+        # tensors have vLLM-CPU's paged shape [slots, kv_heads, block, 2 * head_dim] in bf16.
         generator = torch.Generator().manual_seed(0)
-        self._tensor = torch.randint(
-            0, 256, (geometry.payload_bytes,), dtype=torch.uint8, generator=generator
-        )
-        self._payload = self._tensor.numpy().tobytes()
+        self._layers = [
+            torch.randint(
+                0,
+                256,
+                (CACHE_SLOTS, geometry.kv_heads, BLOCK_TOKENS, 2 * geometry.head_dim * BF16_BYTES),
+                dtype=torch.uint8,
+                generator=generator,
+            ).view(torch.bfloat16)
+            for _ in range(geometry.layers)
+        ]
+        self._header_bytes = header_bytes(self._format)
+        self._payload = bytes(block_buffer(self._copy(0))[self._header_bytes :])
         self.value_bytes = len(
             encode_block(KVBlock(self._format, bytes(16), BLOCK_TOKENS, self._payload))
         )
         self._run_tag = 0
+
+    def _copy(self, slot: int) -> torch.Tensor:
+        """What the connector does inside a step: one block, all layers, into its send buffer."""
+        return copy_block(self._layers, slot % CACHE_SLOTS, self._header_bytes)
 
     def _fresh_server(self) -> int:
         """Empty the server and create the request the blocks are linked to."""
@@ -192,20 +211,16 @@ class Bench:
             for step_start in range(0, blocks, pipeline):
                 step = range(step_start, min(blocks, step_start + pipeline))
                 for index in step:
-                    # As the connector does inside a step: a private copy of the block.
                     writer.submit(
                         PendingBlock(
                             REQUEST_ID,
                             index,
                             block_hash(run_tag, index, self._fingerprint),
-                            self._tensor.clone(),
+                            self._copy(index),
                         )
                     )
-                deadline = time.monotonic() + WRITER_TIMEOUT_SECONDS
-                while writer.written_blocks + writer.dropped_blocks < step.stop:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the KV block writer stopped making progress")
-                    time.sleep(WRITER_POLL_SECONDS)
+                if not writer.wait_settled(step.stop, WRITER_TIMEOUT_SECONDS):
+                    raise TimeoutError("the KV block writer stopped making progress")
             seconds = time.perf_counter() - start
             dropped = writer.dropped_blocks
         finally:
@@ -247,7 +262,7 @@ class Bench:
         value = encode_block(KVBlock(self._format, bytes(16), BLOCK_TOKENS, self._payload))
         start = time.perf_counter()
         for step_start in range(0, blocks, pipeline):
-            pipe = self._admin.pipeline(transaction=False)
+            pipe = self._client.pipeline(transaction=False)
             for index in range(step_start, min(blocks, step_start + pipeline)):
                 pipe.set(f"plain:{run_tag}:{index}", value)
             pipe.execute()
@@ -281,10 +296,12 @@ class Bench:
                 samples.append((time.perf_counter() - start) * 1000)
             return statistics.median(samples)
 
-        block = KVBlock(self._format, bytes(16), BLOCK_TOKENS, self._payload)
+        copy = self._copy(0)
         return {
-            "tensor_copy": median_ms(self._tensor.clone),
-            "encode_block": median_ms(lambda: encode_block(block)),
+            "copy_block": median_ms(lambda: self._copy(1)),
+            "seal_block": median_ms(
+                lambda: seal_block(block_buffer(copy), self._format, bytes(16), BLOCK_TOKENS)
+            ),
         }
 
     def _count_blocks(self) -> int:
@@ -292,6 +309,7 @@ class Bench:
 
     def close(self) -> None:
         self._store.close()
+        self._client.close()
         self._admin.close()
 
 
@@ -429,8 +447,8 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         + ", ".join(
             f"P={p}: {s['writer_mean_batch_blocks']:.1f}" for p, s in result["by_pipeline"].items()
         )
-        + f"; per-block costs outside the socket: copy {costs['tensor_copy']:.2f} ms, "
-        f"codec {costs['encode_block']:.2f} ms"
+        + f"; per-block costs outside the socket: copy out of the cache "
+        f"{costs['copy_block']:.2f} ms, seal (header + CRC) {costs['seal_block']:.2f} ms"
     )
 
 

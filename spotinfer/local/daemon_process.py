@@ -24,9 +24,11 @@ READY_TIMEOUT_SECONDS = 60.0
 class DaemonProcess:
     """`with DaemonProcess("--notice-source", "aws", "--metadata-url", url, ...) as daemon:`."""
 
-    def __init__(self, *flags: str, log_dir: Path | None = None) -> None:
+    def __init__(self, *flags: str, log_dir: Path | None = None, metrics: bool = False) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        # With ``metrics``: /metrics on a free port of its own (see `metrics_url`).
+        self.metrics_port = free_port() if metrics else 0
         self._cmd = [
             sys.executable,
             "-m",
@@ -35,6 +37,7 @@ class DaemonProcess:
             "127.0.0.1",
             "--port",
             str(self.port),
+            *(("--metrics-port", str(self.metrics_port)) if self.metrics_port else ()),
             *flags,
         ]
         self._log_path = (log_dir or Path("/tmp")) / f"daemon-{self.port}.log"
@@ -64,6 +67,11 @@ class DaemonProcess:
                 self._lines.append(line)
                 log.write(line)
                 log.flush()
+
+    @property
+    def metrics_url(self) -> str:
+        assert self.metrics_port, "started without metrics=True"
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def output(self) -> str:

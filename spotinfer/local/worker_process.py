@@ -47,9 +47,13 @@ def process_environment() -> dict[str, str]:
 class WorkerProcess:
     """`with WorkerProcess(model, "--dtype", "float32") as worker: worker.stub.Generate(...)`."""
 
-    def __init__(self, model: Path | str, *flags: str, log_dir: Path | None = None) -> None:
+    def __init__(
+        self, model: Path | str, *flags: str, log_dir: Path | None = None, metrics: bool = False
+    ) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        # With ``metrics``: /metrics on a free port of its own (see `metrics_url`).
+        self.metrics_port = free_port() if metrics else 0
         self._cmd = [
             sys.executable,
             "-m",
@@ -58,6 +62,7 @@ class WorkerProcess:
             str(model),
             "--port",
             str(self.port),
+            *(("--metrics-port", str(self.metrics_port)) if self.metrics_port else ()),
             *flags,
         ]
         self._log_path = (log_dir or Path("/tmp")) / f"worker-{self.port}.log"
@@ -88,6 +93,11 @@ class WorkerProcess:
                 self._lines.append(line)
                 log.write(line)
                 log.flush()
+
+    @property
+    def metrics_url(self) -> str:
+        assert self.metrics_port, "started without metrics=True"
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def output(self) -> str:

@@ -100,11 +100,17 @@ class WorkerInfo(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
     LAST_HEARTBEAT_UNIX_FIELD_NUMBER: _builtins.int
+    DAEMON_ADDRESS_FIELD_NUMBER: _builtins.int
+    NOTICES_WATCHED_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     address: _builtins.str
     role: Global___WorkerRole.ValueType
     state: Global___WorkerState.ValueType
     last_heartbeat_unix: _builtins.float
+    daemon_address: _builtins.str
+    """empty: no context daemon known for this worker"""
+    notices_watched: _builtins.bool
+    """the coordinator is subscribed to that daemon's notices now"""
     @_builtins.property
     def stats(self) -> _worker_pb2.WorkerStats: ...
     def __init__(
@@ -116,10 +122,12 @@ class WorkerInfo(_message.Message):
         state: Global___WorkerState.ValueType = ...,
         stats: _worker_pb2.WorkerStats | None = ...,
         last_heartbeat_unix: _builtins.float = ...,
+        daemon_address: _builtins.str = ...,
+        notices_watched: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "last_heartbeat_unix", b"last_heartbeat_unix", "role", b"role", "state", b"state", "stats", b"stats", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "daemon_address", b"daemon_address", "last_heartbeat_unix", b"last_heartbeat_unix", "notices_watched", b"notices_watched", "role", b"role", "state", b"state", "stats", b"stats", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -132,22 +140,29 @@ class RegisterWorkerRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
+    DAEMON_ADDRESS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """empty: the worker's own id, learnt from its Stats"""
     address: _builtins.str
     """host:port of its Worker service"""
     role: Global___WorkerRole.ValueType
     """UNSPECIFIED means ACTIVE"""
+    daemon_address: _builtins.str
+    """host:port of the worker's context daemon; empty: none. The coordinator subscribes to its
+    WatchNotices (notices and flush progress drive live migration) and asks it to Flush on
+    InjectNotice.
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         address: _builtins.str = ...,
         role: Global___WorkerRole.ValueType = ...,
+        daemon_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "role", b"role", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "daemon_address", b"daemon_address", "role", b"role", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

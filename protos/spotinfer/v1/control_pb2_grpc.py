@@ -77,7 +77,8 @@ class ControlServicer:
         raise NotImplementedError('Method not implemented!')
 
     def InjectNotice(self, request, context):
-        """For drills: deliver a termination notice to a worker's daemon as a cloud would.
+        """For drills: deliver a termination notice to a worker's daemon as a cloud would (the
+        daemon flushes the worker by the deadline; its requests then migrate).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

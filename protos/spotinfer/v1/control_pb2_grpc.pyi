@@ -34,7 +34,9 @@ class ControlStub:
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListWorkersRequest, _control_pb2.ListWorkersResponse]
     Drain: _grpc.UnaryUnaryMultiCallable[_control_pb2.DrainWorkerRequest, _control_pb2.DrainWorkerResponse]
     InjectNotice: _grpc.UnaryUnaryMultiCallable[_control_pb2.InjectNoticeRequest, _control_pb2.InjectNoticeResponse]
-    """For drills: deliver a termination notice to a worker's daemon as a cloud would."""
+    """For drills: deliver a termination notice to a worker's daemon as a cloud would (the
+    daemon flushes the worker by the deadline; its requests then migrate).
+    """
     ClusterStatus: _grpc.UnaryUnaryMultiCallable[_control_pb2.ClusterStatusRequest, _control_pb2.ClusterStatusResponse]
     RegisterWorker: _grpc.UnaryUnaryMultiCallable[_control_pb2.RegisterWorkerRequest, _control_pb2.RegisterWorkerResponse]
     """A worker (or its launcher) joins the cluster; registering an address again updates its
@@ -47,7 +49,9 @@ class ControlAsyncStub(ControlStub):
     ListWorkers: _aio.UnaryUnaryMultiCallable[_control_pb2.ListWorkersRequest, _control_pb2.ListWorkersResponse]  # type: ignore[assignment]
     Drain: _aio.UnaryUnaryMultiCallable[_control_pb2.DrainWorkerRequest, _control_pb2.DrainWorkerResponse]  # type: ignore[assignment]
     InjectNotice: _aio.UnaryUnaryMultiCallable[_control_pb2.InjectNoticeRequest, _control_pb2.InjectNoticeResponse]  # type: ignore[assignment]
-    """For drills: deliver a termination notice to a worker's daemon as a cloud would."""
+    """For drills: deliver a termination notice to a worker's daemon as a cloud would (the
+    daemon flushes the worker by the deadline; its requests then migrate).
+    """
     ClusterStatus: _aio.UnaryUnaryMultiCallable[_control_pb2.ClusterStatusRequest, _control_pb2.ClusterStatusResponse]  # type: ignore[assignment]
     RegisterWorker: _aio.UnaryUnaryMultiCallable[_control_pb2.RegisterWorkerRequest, _control_pb2.RegisterWorkerResponse]  # type: ignore[assignment]
     """A worker (or its launcher) joins the cluster; registering an address again updates its
@@ -75,7 +79,9 @@ class ControlServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.InjectNoticeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.InjectNoticeResponse, _abc.Awaitable[_control_pb2.InjectNoticeResponse]]:
-        """For drills: deliver a termination notice to a worker's daemon as a cloud would."""
+        """For drills: deliver a termination notice to a worker's daemon as a cloud would (the
+        daemon flushes the worker by the deadline; its requests then migrate).
+        """
 
     @_abc_1.abstractmethod
     def ClusterStatus(

@@ -1,0 +1,79 @@
+"""The coordinator's side of one worker's context daemon (`spotinfer.v1.ContextDaemon`).
+
+An edge like `worker_client.py`: proto messages and gRPC errors stop here. The coordinator
+subscribes to WatchNotices (notices, then one flush report per paused request) and, for a
+drill, calls Flush as a cloud notice would make the daemon do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from context_daemon.worker_link import FlushReport, report_from_proto
+from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
+
+# Actions of a NoticeEvent that end the VM (a rebalance is a hint: nothing moves yet).
+_ENDING_ACTIONS = frozenset({"terminate", "stop", "preempt"})
+
+
+@dataclass(frozen=True)
+class DaemonEvent:
+    """A notice (``flush`` None) or one request's flush report under it."""
+
+    source: str
+    action: str
+    deadline_unix: float  # 0: no deadline (a hint)
+    flush: FlushReport | None
+
+    @property
+    def ends_vm(self) -> bool:
+        return self.action in _ENDING_ACTIONS
+
+
+class DaemonClient:
+    """One channel to one daemon. Calls raise grpc.aio.AioRpcError when it does not answer."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = daemon_pb2_grpc.ContextDaemonStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def watch(
+        self, on_subscribed: Callable[[], None] = lambda: None
+    ) -> AsyncIterator[DaemonEvent]:
+        """Every notice and flush report from now on, until the stream breaks.
+        ``on_subscribed`` runs once the daemon has registered the subscription (it sends
+        its headers then): no notice after that moment is missed."""
+        call = self._stub.WatchNotices(daemon_pb2.WatchNoticesRequest())
+        try:
+            await call.initial_metadata()
+            on_subscribed()
+            async for msg in call:
+                yield DaemonEvent(
+                    source=msg.source,
+                    action=msg.action,
+                    deadline_unix=msg.deadline_unix,
+                    flush=report_from_proto(msg.flush) if msg.HasField("flush") else None,
+                )
+        finally:
+            call.cancel()
+
+    async def flush(
+        self, deadline_unix: float, timeout_seconds: float
+    ) -> AsyncIterator[FlushReport]:
+        """The daemon's Flush: it has its worker pause and persist every request; one report
+        per request as the worker gives it."""
+        call = self._stub.Flush(
+            daemon_pb2.FlushRequest(deadline_unix=deadline_unix), timeout=timeout_seconds
+        )
+        try:
+            async for msg in call:
+                yield report_from_proto(msg)
+        finally:
+            call.cancel()

@@ -1,0 +1,58 @@
+"""How much KV the connector's writer persisted, carried out of vLLM's engine-core process.
+
+The writer thread lives beside the model runner, in the engine-core process; the metrics live
+in the worker process. vLLM already carries a connector's stats across that boundary: the
+model runner asks `get_kv_connector_stats()` after every step, the scheduler puts the dict in
+`SchedulerStats.kv_connector_stats`, and the worker's stat logger receives it. Each report
+holds what Redis confirmed since the previous one, so the receiver adds them up; a write that
+lands after the last step of a burst is reported with the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+WRITTEN_BLOCKS = "written_blocks"
+WRITTEN_BYTES = "written_bytes"
+DROPPED_BLOCKS = "dropped_blocks"
+KEYS = (WRITTEN_BLOCKS, WRITTEN_BYTES, DROPPED_BLOCKS)
+
+
+@dataclass
+class PersistStats(KVConnectorStats):
+    """Counts since the previous report, one int per key of `KEYS`."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for key in KEYS:
+            self.data[key] = int(self.data.get(key, 0)) + int(other.data.get(key, 0))
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {key: int(self.data.get(key, 0)) for key in KEYS}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.get(key, 0) for key in KEYS)
+
+
+class PersistReporter:
+    """Turns the writer's running totals into per-report differences."""
+
+    def __init__(self) -> None:
+        self._reported = dict.fromkeys(KEYS, 0)
+
+    def report(self, totals: dict[str, int]) -> PersistStats | None:
+        delta = {key: totals[key] - self._reported[key] for key in KEYS}
+        if not any(delta.values()):
+            return None
+        self._reported = dict(totals)
+        return PersistStats(data=delta)
+
+
+def persist_stats_from(data: dict[str, Any] | None) -> PersistStats | None:
+    return PersistStats(data=dict(data)) if data else None
