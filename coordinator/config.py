@@ -100,6 +100,13 @@ class CoordinatorConfig:
         default=0,
         metadata={"help": "most requests in flight on one worker; 0: its max_num_seqs"},
     )
+    tuning_file: str = field(
+        default="",
+        metadata={
+            "help": "a file written by `spotinfer tune --apply`: each class's chosen "
+            "max_num_seqs becomes its per-worker cap (explicit per-class flags win)"
+        },
+    )
     interactive_max_per_worker: int = field(
         default=0,
         metadata={"help": "most INTERACTIVE requests on one worker; 0: no class cap"},
@@ -253,3 +260,19 @@ def _flag(name: str) -> str:
 
 def _field_type(f: dataclasses.Field[Any]) -> type:
     return {"int": int, "float": float, "str": str}.get(str(f.type), str)
+
+
+def apply_tuning_file(config: CoordinatorConfig) -> CoordinatorConfig:
+    """The per-class caps from `config.tuning_file`, where no explicit flag set them."""
+    if not config.tuning_file:
+        return config
+    from spotinfer.tuner import load_tuning_file
+
+    classes = load_tuning_file(Path(config.tuning_file)).get("classes", {})
+    interactive = config.interactive_max_per_worker or int(
+        classes.get("interactive", {}).get("max_num_seqs", 0)
+    )
+    batch = config.batch_max_per_worker or int(classes.get("batch", {}).get("max_num_seqs", 0))
+    return dataclasses.replace(
+        config, interactive_max_per_worker=interactive, batch_max_per_worker=batch
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, apply_tuning_file
 from spotinfer.errors import UserError
 
 
@@ -21,8 +21,8 @@ def run(args: argparse.Namespace) -> int:
     from coordinator.server import serve
 
     try:
-        config = CoordinatorConfig.from_args(args)
-    except (TypeError, ValueError) as exc:
+        config = apply_tuning_file(CoordinatorConfig.from_args(args))
+    except (TypeError, ValueError, OSError) as exc:
         raise UserError(str(exc)) from exc
     if config.routing_policy not in RoutingPolicy.names():
         raise UserError(

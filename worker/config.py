@@ -77,6 +77,13 @@ class WorkerConfig:
         default=False, metadata={"help": "vLLM's automatic prefix caching"}
     )
     seed: int = field(default=0, metadata={"help": "engine seed"})
+    tuning_file: str = field(
+        default="",
+        metadata={
+            "help": "a file written by `spotinfer tune --apply`: its worker max_num_seqs is "
+            "used unless --max-num-seqs is given"
+        },
+    )
     max_tokens_limit: int = field(
         default=0, metadata={"help": "largest max_tokens a request may ask; 0: max_model_len"}
     )

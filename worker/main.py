@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 
 from spotinfer.errors import UserError
 from worker.config import WorkerConfig
@@ -20,7 +21,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = WorkerConfig.from_args(args)
-    except (TypeError, ValueError) as exc:
+        if config.tuning_file and getattr(args, "max_num_seqs", None) is None:
+            from spotinfer.tuner import load_tuning_file
+
+            tuned = load_tuning_file(Path(config.tuning_file)).get("worker", {})
+            if "max_num_seqs" in tuned:
+                config = dataclasses.replace(config, max_num_seqs=int(tuned["max_num_seqs"]))
+    except (TypeError, ValueError, OSError) as exc:
         raise UserError(str(exc)) from exc
     model_path = Path(config.model)
     if (model_path.is_absolute() or config.model.startswith(".")) and not model_path.exists():
