@@ -20,6 +20,7 @@ Policies register by name (`--failover-policy`):
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ from typing import ClassVar
 from coordinator.admission import Admission, Lease
 from coordinator.errors import NothingPersisted, RequestLost
 from coordinator.migration import Migrations
-from spotinfer.requests import GenerationRequest, TokenChunk
+from spotinfer.requests import Event, EventKind, GenerationRequest, TokenChunk
 
 log = logging.getLogger(__name__)
 
@@ -199,3 +200,62 @@ async def _resume_or_start(
     log.warning("request %s: nothing persisted; starting it afresh", request.request_id)
     async for chunk in client.generate(request):
         yield chunk
+
+
+class RerouteFromScratch(FailoverPolicy, name="reroute"):
+    """The baseline other stacks give: an interrupted request starts again from its prompt
+    on another worker (what a client retry does), recomputing everything; the relay drops
+    the tokens the client already has. Notices are not acted on."""
+
+    MAX_ATTEMPTS = 10
+
+    async def take_over(
+        self,
+        request: GenerationRequest,
+        delivered_tokens: int,
+        lost: Lease,
+        why: Interruption,
+        attempt: int,
+    ) -> Takeover:
+        if attempt > self.MAX_ATTEMPTS:
+            raise RequestLost(f"gave up after {self.MAX_ATTEMPTS} restarts: {why.detail}")
+        ticket = self._admission.requeue(request, frozenset({lost.entry.address}))
+        lease = await self._admission.wait(ticket)
+        # A fresh id on the worker: the interrupted attempt may have left state under the
+        # old one, and a restart must not pick it up.
+        restarted = dataclasses.replace(request, request_id=f"{request.request_id}.r{attempt}")
+        log.warning(
+            "request %s: %s on %s; restarting from scratch on %s",
+            request.request_id,
+            why.kind.value,
+            why.worker_id,
+            lease.entry.worker_id,
+        )
+        return Takeover(
+            lease, _restart(lease, restarted, request.request_id, delivered_tokens, why)
+        )
+
+
+async def _restart(
+    lease: Lease,
+    restarted: GenerationRequest,
+    request_id: str,
+    delivered_tokens: int,
+    why: Interruption,
+) -> AsyncIterator[TokenChunk]:
+    # Said on the stream like a recovery, with what the restart costs: the whole prompt and
+    # every token already delivered are computed again.
+    yield TokenChunk(
+        request_id=request_id,
+        index=delivered_tokens,
+        event=Event(
+            kind=EventKind.RECOVERED,
+            from_worker=why.worker_id,
+            to_worker=lease.entry.worker_id,
+            recomputed_tokens=len(restarted.prompt_token_ids) + delivered_tokens,
+            detail="rerouted: restarted from scratch",
+        ),
+        worker_id=lease.entry.worker_id,
+    )
+    async for chunk in lease.entry.client.generate(restarted):
+        yield dataclasses.replace(chunk, request_id=request_id)
