@@ -67,7 +67,19 @@ class Adoption:
             await asyncio.sleep(2 * RECORD_FLUSH_INTERVAL_SECONDS)
             record = await self._records.get(request_id)
         if record is None:
-            raise UnknownRequest(request_id)
+            # Its coordinator died before writing the route: the worker's own record (made
+            # at admission) is enough to adopt it — the client's Attach proves it was ours.
+            stored = await self._read(request_id)
+            record = RouteRecord(
+                request_id=request_id,
+                coordinator_id="",
+                owner_worker_id=stored.owner_worker_id,
+                status="running",
+                finish_reason="NONE",
+                delivered_length=0,
+                sla_class=SlaClass.INTERACTIVE.name,
+                updated_unix_ms=stored.updated_unix_ms,
+            )
         return record
 
     @staticmethod
