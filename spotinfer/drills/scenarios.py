@@ -139,7 +139,9 @@ class Rolling(Scenario, name="rolling"):
             active = ctx.cluster.active_nodes()
             if active:
                 ctx.preempt_then_terminate([active[0].name])
-                ctx.cluster.add_standby()
+                # The replacement loads in the background, as a new spot VM boots: the next
+                # preemption keeps its cadence.
+                threading.Thread(target=ctx.cluster.add_standby, daemon=True).start()
             ctx.done.wait(ctx.interval_seconds)
 
 

@@ -92,6 +92,8 @@ class LocalCluster:
         self.nodes: dict[str, Node] = {}
         self.events: list[ClusterEvent] = []
         self._lock = threading.Lock()
+        self._next_node = 0
+        self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -104,7 +106,7 @@ class LocalCluster:
                 self._say(f"redis-server at {self.redis_url}")
             self._start_coordinator()
             roles = ["active"] * self.config.workers + ["standby"] * self.config.standbys
-            self._start_nodes([(f"node-{i}", role) for i, role in enumerate(roles)])
+            self._start_nodes([(self._new_name(), role) for role in roles])
         except BaseException:
             self.stop()
             raise
@@ -144,6 +146,11 @@ class LocalCluster:
         for thread in threads:
             thread.join()
         with self._lock:
+            if self._stopped:  # stopped while these loaded (a drill's replacement node)
+                for node in nodes:
+                    node.worker.stop()
+                    node.metadata.__exit__(None, None, None)
+                return
             for node in nodes:
                 self.nodes[node.name] = node
         if errors:
@@ -152,6 +159,12 @@ class LocalCluster:
             node.daemon = self._daemon_for(node).start()
             self._register(node)
             self._say(f"{node.name} ({node.role}) ready: worker {node.worker.address}")
+
+    def _new_name(self) -> str:
+        with self._lock:
+            name = f"node-{self._next_node}"
+            self._next_node += 1
+        return name
 
     def _new_node(self, name: str, role: str) -> Node:
         metadata = metadata_server_for(self.config.cloud).__enter__()
@@ -195,6 +208,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Everything we started goes, children included; safe to call twice."""
+        with self._lock:
+            self._stopped = True
         for node in list(self.nodes.values()):
             if node.daemon is not None:
                 node.daemon.stop()
@@ -221,7 +236,7 @@ class LocalCluster:
 
     def active_nodes(self) -> list[Node]:
         """Nodes that can serve (alive, not under a notice): active ones first."""
-        serving = [n for n in self.nodes.values() if n.alive and n.role != "preempted"]
+        serving = [n for n in list(self.nodes.values()) if n.alive and n.role != "preempted"]
         return sorted(serving, key=lambda n: n.role != "active")
 
     def preempt(self, name: str, grace_seconds: float | None = None) -> None:
@@ -274,7 +289,7 @@ class LocalCluster:
 
     def add_standby(self) -> Node:
         """A new node joins (a spot VM became available): it loads and waits as a standby."""
-        name = f"node-{len(self.nodes)}"
+        name = self._new_name()
         self._record("join", name)
         self._start_nodes([(name, "standby")])
         return self.nodes[name]
