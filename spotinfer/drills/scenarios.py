@@ -183,8 +183,11 @@ class Trace(Scenario, name="trace"):
                     known[trace_name] = node
                 first_add = False
             elif action == "add":
+                # New VMs boot in the background; the trace's clock does not wait for them.
                 for trace_name in payload["nodes"]:
-                    known[trace_name] = ctx.cluster.add_standby().name
+                    threading.Thread(
+                        target=_join, args=(ctx, known, trace_name), daemon=True
+                    ).start()
             elif action == "remove":
                 # A removed trace node we map preempts its node; one we don't (the trace has
                 # more nodes than this cluster) preempts another serving node instead, so
@@ -199,3 +202,7 @@ class Trace(Scenario, name="trace"):
                         chosen.append(serving[0])
                 if chosen:
                     ctx.preempt_then_terminate(chosen)
+
+
+def _join(ctx: DrillContext, known: dict[str, str], trace_name: str) -> None:
+    known[trace_name] = ctx.cluster.add_standby().name
