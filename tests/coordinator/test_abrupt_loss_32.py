@@ -9,12 +9,8 @@ Afterwards nothing of these requests is left in Redis.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +22,9 @@ import redis
 from context_daemon.store.keys import schema_pattern
 from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2
-from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, process_environment
+from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import greedy, start_coordinator
+from tests.coordinator.streams import offline_reference, wait_until
 from tests.support.redis_server import RedisServer
 
 STREAMS = 32
@@ -114,44 +111,6 @@ def doomed_and_spare(
                 process.stop()
 
 
-def _offline_reference(model: Path, prompts: list[list[int]], tmp_path: Path) -> list[list[int]]:
-    """vLLM's offline LLM.generate, in its own process and without Redis: an uninterrupted
-    run that cannot have been fed by blocks the drill persisted."""
-    requests = tmp_path / "requests.json"
-    out = tmp_path / "reference.json"
-    requests.write_text(
-        json.dumps(
-            [{"prompt_token_ids": p, "max_tokens": MAX_TOKENS, "ignore_eos": True} for p in prompts]
-        )
-    )
-    engine = {"dtype": "float32", "max_model_len": MAX_MODEL_LEN, "kv_cache_memory_bytes": 64 << 20}
-    subprocess.run(
-        [
-            sys.executable,
-            "tests/support/offline_reference.py",
-            str(model),
-            str(requests),
-            str(out),
-            json.dumps(engine),
-        ],
-        cwd=REPO_ROOT,
-        env=process_environment(),
-        check=True,
-        capture_output=True,
-        timeout=WAIT_SECONDS,
-    )
-    result: list[list[int]] = json.loads(out.read_text())
-    return result
-
-
-def _wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT_SECONDS) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        time.sleep(0.01)
-
-
 def _keys_of(redis_server: RedisServer, request_ids: list[str]) -> list[str]:
     """Every key of the store's schema that belongs to one of ``request_ids``."""
     client = redis.Redis.from_url(redis_server.url)
@@ -176,7 +135,7 @@ def test_sigkill_with_no_notice_all_complete_with_bounded_recompute(
 ) -> None:
     doomed, spare = doomed_and_spare
     prompts = _prompts()
-    references = _offline_reference(tiny_model, prompts, tmp_path)
+    references = offline_reference(tiny_model, prompts, MAX_TOKENS, MAX_MODEL_LEN, tmp_path)
     coordinator: CoordinatorProcess = start_coordinator(
         *("--worker", doomed.address),
         *("--standby", spare.address),
@@ -210,7 +169,7 @@ def test_sigkill_with_no_notice_all_complete_with_bounded_recompute(
             past = [t for t in traces if len(t.token_ids) > KILL_AFTER_TOKENS]
             return len(past) >= RUNNING_SLOTS or any(t.finish_reason for t in traces)
 
-        _wait_until(running_ones_are_past_their_first_block, "24 streams past 130 tokens")
+        wait_until(running_ones_are_past_their_first_block, "24 streams past 130 tokens")
         doomed.kill()
         served_at_kill = {t.request_id: len(t.token_ids) for t in traces}
         assert not any(t.finish_reason for t in traces), "a stream finished before the kill"
@@ -245,6 +204,6 @@ def test_sigkill_with_no_notice_all_complete_with_bounded_recompute(
     # Nothing of these requests stays in Redis: the workers delete their keys when a request
     # ends, and the coordinator's records expire after their retention.
     request_ids = [t.request_id for t in traces]
-    _wait_until(
+    wait_until(
         lambda: not _keys_of(redis_server, request_ids), "every request key gone", timeout=60
     )
