@@ -18,6 +18,7 @@ from worker.constants import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_STAGING_MIB,
     DTYPES,
     KV_PERSIST_POLICIES,
 )
@@ -101,6 +102,17 @@ class WorkerConfig:
             "empty: no persistence, no Resume"
         },
     )
+    staging_mib: int = field(
+        default=DEFAULT_STAGING_MIB,
+        metadata={
+            "help": "host memory for KV blocks prefetched as a migration target, before the "
+            "source pauses (Worker.Prefetch); 0: refuse prefetches"
+        },
+    )
+    staging_dir: str = field(
+        default="",
+        metadata={"help": "where staged blocks live; empty: a private folder on /dev/shm"},
+    )
     kv_persist_policy: str = field(
         default="eager",
         metadata={
@@ -123,7 +135,7 @@ class WorkerConfig:
         for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_num_batched_tokens", "kv_cache_bytes", "max_tokens_limit"):
+        for name in ("max_num_batched_tokens", "kv_cache_bytes", "max_tokens_limit", "staging_mib"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.memory_gib < 0:

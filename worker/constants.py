@@ -35,8 +35,13 @@ KV_PARAM_FIRST_INDEX = "spotinfer_first_index"
 # (the order does not depend on the rate; see context_daemon/flush_planner.py).
 FLUSH_ASSUMED_BYTES_PER_SECOND = 200e6
 FLUSH_ASSUMED_ROUND_TRIP_SECONDS = 0.0005
-# A preempt flush polls Redis this often to learn which paused requests are complete.
-FLUSH_POLL_SECONDS = 0.05
+# A preempt flush polls Redis this often to learn which paused requests are complete (the
+# wait adds to a migration's pause, so it is short; each poll reads headers only).
+FLUSH_POLL_SECONDS = 0.01
+# Migration staging: the default budget, and how long staged blocks wait for their Resume
+# before they count as abandoned (a handshake whose coordinator went away).
+DEFAULT_STAGING_MIB = 1024
+STAGING_STALE_SECONDS = 300.0
 # Preempt without a deadline: how long the flush may take.
 DEFAULT_PREEMPT_GRACE_SECONDS = 30.0
 # How long preempt waits for the paused requests' streams to end after the abort.

@@ -33,6 +33,7 @@ import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from context_daemon.store import RedisStore, RequestRecord, RequestStatus, StoreUnavailable
@@ -53,6 +54,7 @@ from worker.constants import (
     KV_PARAM_RESUME,
     PAUSED_DETAIL,
     PERSIST_RETRY_SECONDS,
+    STAGING_STALE_SECONDS,
     STREAM_END_WAIT_SECONDS,
 )
 from worker.engine_stats import EngineSnapshot, EngineStats
@@ -64,8 +66,10 @@ from worker.errors import (
     WorkerDraining,
 )
 from worker.flush_state import FlushState, read_flush_state
+from worker.kv_staging import StagingArea, default_staging_root
 from worker.metrics import WorkerMetrics
 from worker.model_fingerprint import model_fingerprint
+from worker.prefetch import PrefetchOutcome, prefetch_stage
 from worker.resume_point import ResumePoint, read_resume_point, sampling_to_record
 from worker.token_committer import TokenCommitter
 
@@ -145,6 +149,14 @@ class Engine:
         self._in_flight: dict[str, _Running] = {}
         self._requests_total = 0
         self._start_error: BaseException | None = None
+        self._staging: StagingArea | None = None
+        if store is not None and config.staging_mib:
+            root = Path(config.staging_dir) if config.staging_dir else None
+            self._staging = StagingArea(
+                root or default_staging_root(config.worker_id),
+                config.staging_mib * 2**20,
+                STAGING_STALE_SECONDS,
+            )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -215,9 +227,13 @@ class Engine:
 
         from worker.spot_connector import connector_config
 
+        staging_dir = str(self._staging.root) if self._staging is not None else ""
         return KVTransferConfig(
             **connector_config(
-                self.config.redis_url, self._fingerprint, self.config.kv_persist_policy
+                self.config.redis_url,
+                self._fingerprint,
+                self.config.kv_persist_policy,
+                staging_dir,
             )
         )
 
@@ -279,6 +295,8 @@ class Engine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+        if self._staging is not None:
+            self._staging.close()
 
     # -- requests ----------------------------------------------------------------------
 
@@ -350,6 +368,7 @@ class Engine:
             return
         self.validate(request)
         self._committer.admit(point.record, point.committed_token_ids)
+        staged = self._staging.blocks_of(request_id) if self._staging is not None else 0
         kv_params = {
             KV_PARAM_REQUEST_ID: request_id,
             KV_PARAM_RESUME: True,
@@ -360,8 +379,10 @@ class Engine:
             async for chunk, cached_tokens in steps:
                 if first:
                     first = False
+                    if self._staging is not None:  # loaded by now: the copies can go
+                        self._staging.drop(request_id)
                     yield self._recovered_chunk(
-                        point, from_index, len(point.engine_prompt), cached_tokens or 0
+                        point, from_index, len(point.engine_prompt), cached_tokens or 0, staged
                     )
                     if from_index < point.next_index:
                         # Committed, but the client never saw them: the old worker died between
@@ -377,7 +398,12 @@ class Engine:
                     yield trimmed
 
     def _recovered_chunk(
-        self, point: ResumePoint, from_index: int, prompt_tokens: int, cached_tokens: int
+        self,
+        point: ResumePoint,
+        from_index: int,
+        prompt_tokens: int,
+        cached_tokens: int,
+        staged_blocks: int = 0,
     ) -> TokenChunk:
         # vLLM computes the last prompt token in any case (its output is the next token);
         # everything else it did not load counts as recomputed.
@@ -392,6 +418,9 @@ class Engine:
             f"resumed at index {point.next_index}: {cached_tokens} of {prompt_tokens} "
             f"context tokens loaded, {recomputed} recomputed"
         )
+        if staged_blocks:
+            detail += f"; {staged_blocks} blocks prefetched before the pause"
+
         log.info("request %s %s", point.record.request_id, detail)
         return TokenChunk(
             request_id=point.record.request_id,
@@ -534,6 +563,31 @@ class Engine:
         if request_id not in self._in_flight:
             raise RequestNotFound(request_id)
         await self._llm.abort(request_id)
+
+    async def prefetch(self, request_id: str) -> PrefetchOutcome:
+        """A migration stage on this worker as its target: stage the request's persisted full
+        blocks (see prefetch.py). Raises CannotResume, RecordNotFound, WorkerDraining,
+        StagingFull or StoreUnavailable."""
+        if self._store is None or self._staging is None:
+            raise CannotResume(
+                "this worker has no store or no staging memory (--redis-url, --staging-mib)"
+            )
+        if self._draining:
+            raise WorkerDraining("the worker is draining and takes no migrations")
+        if self._llm is None:
+            raise EngineNotReady("the engine is still loading the model")
+        return await asyncio.to_thread(
+            prefetch_stage,
+            self._store,
+            self._staging,
+            request_id,
+            self._fingerprint,
+            self.shape.kv_block_tokens,
+        )
+
+    def drop_prefetch(self, request_id: str) -> int:
+        """Frees what was staged for ``request_id`` (an aborted handshake)."""
+        return self._staging.drop(request_id) if self._staging is not None else 0
 
     async def drain(self, grace_seconds: float) -> int:
         """Stops admitting; waits up to `grace_seconds` for in-flight requests, then aborts

@@ -52,6 +52,7 @@ COMMIT_BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 _PERSIST_WRITTEN_BLOCKS = "written_blocks"
 _PERSIST_WRITTEN_BYTES = "written_bytes"
 _PERSIST_DROPPED_BLOCKS = "dropped_blocks"
+_LOADED_BY_SOURCE = {"staging": "loaded_staged_blocks", "store": "loaded_store_blocks"}
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,13 @@ class WorkerMetrics:
         self.kv_dropped_blocks = Counter(
             PREFIX + "kv_dropped_blocks",
             "KV block writes given up (queue full or Redis away): recomputed if resumed",
+            registry=r,
+        )
+        self.kv_loaded_blocks = Counter(
+            PREFIX + "kv_loaded_blocks",
+            "KV blocks loaded into the cache for a resume, by where they came from (staging: "
+            "prefetched by a migration before the pause; store: read from Redis)",
+            ["source"],
             registry=r,
         )
         self.commit_latency = Histogram(
@@ -177,6 +185,8 @@ class WorkerMetrics:
             self.kv_persisted_bytes.inc(int(persisted.get(_PERSIST_WRITTEN_BYTES, 0)))
             self.kv_persisted_blocks.inc(int(persisted.get(_PERSIST_WRITTEN_BLOCKS, 0)))
             self.kv_dropped_blocks.inc(int(persisted.get(_PERSIST_DROPPED_BLOCKS, 0)))
+            for source, key in _LOADED_BY_SOURCE.items():
+                self.kv_loaded_blocks.labels(source).inc(int(persisted.get(key, 0)))
 
     def observe_commit(self, seconds: float) -> None:
         self.commit_latency.observe(seconds)

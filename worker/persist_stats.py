@@ -1,4 +1,4 @@
-"""How much KV the connector's writer persisted, carried out of vLLM's engine-core process.
+"""How much KV the connector's writer persisted (and how many blocks it loaded), carried out of vLLM's engine-core process.
 
 The writer thread lives beside the model runner, in the engine-core process; the metrics live
 in the worker process. vLLM already carries a connector's stats across that boundary: the
@@ -18,7 +18,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 WRITTEN_BLOCKS = "written_blocks"
 WRITTEN_BYTES = "written_bytes"
 DROPPED_BLOCKS = "dropped_blocks"
-KEYS = (WRITTEN_BLOCKS, WRITTEN_BYTES, DROPPED_BLOCKS)
+# Blocks loaded into the cache for a resume: from a migration's staging memory, or from Redis.
+LOADED_STAGED_BLOCKS = "loaded_staged_blocks"
+LOADED_STORE_BLOCKS = "loaded_store_blocks"
+KEYS = (WRITTEN_BLOCKS, WRITTEN_BYTES, DROPPED_BLOCKS, LOADED_STAGED_BLOCKS, LOADED_STORE_BLOCKS)
 
 
 @dataclass

@@ -28,15 +28,17 @@ from worker.constants import SERVER_STOP_GRACE_SECONDS
 from worker.engine import Engine
 from worker.errors import CannotResume
 from worker.flush_state import FlushState
+from worker.kv_staging import StagingFull
 from worker.metrics import LiveNumbers, WorkerMetrics
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
-# Errors only Resume raises, beside the shared table of `spotinfer.rpc.status_for`.
+# Errors only Resume and Prefetch raise, beside the shared table of `spotinfer.rpc.status_for`.
 _RESUME_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (CannotResume, grpc.StatusCode.FAILED_PRECONDITION),
+    (StagingFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
 
@@ -99,12 +101,36 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
-            for error_type, code in _RESUME_STATUS:
-                if isinstance(exc, error_type):
-                    await context.abort(code, str(exc))
-            await abort_with(context, exc)
+            await _abort_resume(context, exc)
         finally:
             timer.finish()
+
+    async def Prefetch(  # noqa: N802
+        self, request: worker_pb2.PrefetchRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefetchResponse:
+        try:
+            check_request_id(request.request_id)
+            outcome = await self._engine.prefetch(request.request_id)
+        except Exception as exc:
+            await _abort_resume(context, exc)
+        return worker_pb2.PrefetchResponse(
+            staged_blocks=outcome.staged_blocks,
+            new_blocks=outcome.new_blocks,
+            staged_bytes=outcome.staged_bytes,
+            context_tokens=outcome.context_tokens,
+            finished=outcome.finished,
+        )
+
+    async def DropPrefetch(  # noqa: N802
+        self, request: worker_pb2.DropPrefetchRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.DropPrefetchResponse:
+        try:
+            check_request_id(request.request_id)
+        except Exception as exc:
+            await abort_with(context, exc)
+        return worker_pb2.DropPrefetchResponse(
+            dropped_blocks=self._engine.drop_prefetch(request.request_id)
+        )
 
     async def Abort(  # noqa: N802
         self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
@@ -163,6 +189,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             msg.max_num_seqs = status.shape.max_num_seqs
             msg.max_model_len = status.shape.max_model_len
         return msg
+
+
+async def _abort_resume(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    for error_type, code in _RESUME_STATUS:
+        if isinstance(exc, error_type):
+            await context.abort(code, str(exc))
+    await abort_with(context, exc)
 
 
 def flush_progress_to_proto(state: FlushState, worker_id: str) -> daemon_pb2.FlushProgress:

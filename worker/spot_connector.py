@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,7 +60,8 @@ from context_daemon.store import (
     block_reads,
     tail_hash,
 )
-from context_daemon.store.block_codec import Buffer, header_bytes
+from context_daemon.store.block_codec import Buffer, decode_block, header_bytes
+from context_daemon.store.block_refs import BlockRead
 from worker.constants import (
     FLUSH_ASSUMED_BYTES_PER_SECOND,
     FLUSH_ASSUMED_ROUND_TRIP_SECONDS,
@@ -72,8 +74,11 @@ from worker.constants import (
 )
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
 from worker.kv_layout import check_tensors, copy_block, kv_format_for, layer_names, load_block
+from worker.kv_staging import read_staged
 from worker.persist_stats import (
     DROPPED_BLOCKS,
+    LOADED_STAGED_BLOCKS,
+    LOADED_STORE_BLOCKS,
     WRITTEN_BLOCKS,
     WRITTEN_BYTES,
     PersistReporter,
@@ -99,8 +104,11 @@ _STALE_TAIL_REASONS = frozenset(
 )
 
 
-def connector_config(redis_url: str, model_fingerprint: str, policy: str) -> dict[str, Any]:
-    """The `kv_transfer_config` that makes vLLM load this connector."""
+def connector_config(
+    redis_url: str, model_fingerprint: str, policy: str, staging_dir: str = ""
+) -> dict[str, Any]:
+    """The `kv_transfer_config` that makes vLLM load this connector. ``staging_dir``: where
+    this worker stages prefetched blocks as a migration target (see kv_staging.py)."""
     return {
         "kv_connector": SPOT_CONNECTOR_CLASS,
         "kv_connector_module_path": SPOT_CONNECTOR_MODULE,
@@ -109,6 +117,7 @@ def connector_config(redis_url: str, model_fingerprint: str, policy: str) -> dic
             "redis_url": redis_url,
             "model_fingerprint": model_fingerprint,
             "policy": policy,
+            "staging_dir": staging_dir,
         },
     }
 
@@ -132,6 +141,7 @@ class BlockLoad:
 
     block_id: int
     payload: Buffer
+    staged: bool = False  # from the staging memory of a migration, not from Redis
 
 
 @dataclass
@@ -174,6 +184,7 @@ class _LoadPlan:
     first_block: int  # index of the first block to load (the local hit ends before it)
     blocks: list[KVBlock]
     matched_tokens: int  # tokens beyond the local hit whose KV the blocks hold
+    staged: int = 0  # how many of ``blocks`` (the leading ones) came from staging memory
 
 
 class SpotKVConnector(KVConnectorBase_V1):
@@ -194,6 +205,8 @@ class SpotKVConnector(KVConnectorBase_V1):
         self._num_blocks = int(kv_cache_config.num_blocks)
         self._layer_names = layer_names(kv_cache_config)
         self._store = RedisStore.from_url(str(extra.get_from_extra_config("redis_url", "")))
+        staging_dir = str(extra.get_from_extra_config("staging_dir", ""))
+        self._staging_root = Path(staging_dir) if staging_dir else None
         # scheduler role
         self._tracked: dict[str, _Tracked] = {}
         self._loads: list[BlockLoad] = []
@@ -201,6 +214,8 @@ class SpotKVConnector(KVConnectorBase_V1):
         # worker role
         self._tensors: list[torch.Tensor] = []
         self._released: set[str] = set()
+        self._loaded_staged = 0
+        self._loaded_from_store = 0
         self._writer: KVBlockWriter | None = None
         if role == KVConnectorRole.WORKER:
             self._writer = KVBlockWriter(self._store, self._kv_format, KV_WRITE_QUEUE_BLOCKS)
@@ -251,7 +266,7 @@ class SpotKVConnector(KVConnectorBase_V1):
                 tail = kv_reads[-1]
         try:
             wanted = reads + ([tail] if tail is not None else [])
-            loaded = self._store.get_blocks(wanted, self._kv_format) if wanted else []
+            loaded, staged = self._load(wanted)
         except StoreUnavailable as exc:
             log.warning(
                 "resume of %s: Redis unavailable, recomputing (%s)", tracked.request_id, exc
@@ -274,7 +289,37 @@ class SpotKVConnector(KVConnectorBase_V1):
         stored = sum(block.num_tokens for block in usable)
         end = min(first_block * block_tokens + stored, len(token_ids) - 1)
         matched = max(0, end - num_computed_tokens)
-        return _LoadPlan(first_block, usable if matched else [], matched)
+        if not matched:
+            return _LoadPlan(first_block, [], 0)
+        return _LoadPlan(first_block, usable, matched, sum(1 for b in usable if id(b) in staged))
+
+    def _load(self, wanted: list[BlockRead]) -> tuple[list[KVBlock | BlockRejected], set[int]]:
+        """``wanted`` blocks, from the staging memory where a migration prefetched them
+        (verified like a store read), the rest from Redis in one round trip; with the ids of
+        the blocks that came from staging."""
+        loaded: list[KVBlock | BlockRejected | None] = [None] * len(wanted)
+        if self._staging_root is not None:
+            for position, read in enumerate(wanted):
+                if not read.is_full:
+                    continue
+                data = read_staged(self._staging_root, read.prefix_hash)
+                if data is None:
+                    continue
+                try:
+                    loaded[position] = decode_block(
+                        read.name, data, self._kv_format, read.prefix_hash, read.num_tokens
+                    )
+                except BlockRejected as rejected:
+                    log.warning("staged %s; reading it from the store instead", rejected)
+        missing = [position for position, block in enumerate(loaded) if block is None]
+        if missing:
+            fetched = self._store.get_blocks([wanted[p] for p in missing], self._kv_format)
+            for position, block in zip(missing, fetched, strict=True):
+                loaded[position] = block
+        blocks = [block for block in loaded if block is not None]
+        missing_set = set(missing)
+        staged = {id(b) for p, b in enumerate(blocks) if p not in missing_set}
+        return blocks, staged
 
     def _count_rejected(
         self, tracked: _Tracked, block: BlockRejected, *harmless: RejectReason
@@ -297,7 +342,9 @@ class SpotKVConnector(KVConnectorBase_V1):
             return
         block_ids = blocks.get_block_ids()[0]
         for offset, block in enumerate(plan.blocks):
-            self._loads.append(BlockLoad(block_ids[plan.first_block + offset], block.payload))
+            self._loads.append(
+                BlockLoad(block_ids[plan.first_block + offset], block.payload, offset < plan.staged)
+            )
         # A loaded tail is not a saved block: once full it must be saved like any other.
         full = [block for block in plan.blocks if block.is_full]
         tracked.chain = [block.prefix_hash for block in full]
@@ -461,6 +508,10 @@ class SpotKVConnector(KVConnectorBase_V1):
         assert isinstance(meta, SpotConnectorMetadata)
         for load in meta.loads:
             load_block(self._tensors, load.block_id, load.payload)
+            if load.staged:
+                self._loaded_staged += 1
+            else:
+                self._loaded_from_store += 1
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv fills every layer before the forward pass
@@ -510,6 +561,8 @@ class SpotKVConnector(KVConnectorBase_V1):
                 WRITTEN_BLOCKS: self._writer.written_blocks,
                 WRITTEN_BYTES: self._writer.written_bytes,
                 DROPPED_BLOCKS: self._writer.dropped_blocks,
+                LOADED_STAGED_BLOCKS: self._loaded_staged,
+                LOADED_STORE_BLOCKS: self._loaded_from_store,
             }
         )
 

@@ -354,6 +354,19 @@ class RedisStore:
                 loaded.append(rejected)
         return loaded
 
+    def get_block_values(self, block_hashes: Sequence[bytes]) -> list[bytes | None]:
+        """The stored bytes of full blocks, unverified (None where absent), in one round trip;
+        for a copy that is verified where it is used (a migration target's staging).
+        Restarts their TTL like get_blocks."""
+        return list(
+            self._run(
+                [
+                    ("GETEX", keys.block_key(h), "EX", self._config.block_ttl_seconds)
+                    for h in block_hashes
+                ]
+            )
+        )
+
     def blocks_present(self, block_hashes: Sequence[bytes]) -> list[bool]:
         """Which full blocks exist (unverified: a cheap probe for how much prefix is stored)."""
         results = self._run([("EXISTS", keys.block_key(h)) for h in block_hashes])

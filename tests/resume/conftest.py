@@ -55,5 +55,6 @@ def standby(
         "--worker-id",
         "worker-b",
         log_dir=tmp_path_factory.mktemp("standby-logs"),
+        metrics=True,
     ) as process:
         yield process

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/spotinfer/v1/daemon.proto\x12\x0cspotinfer.v1\"U\n\x0bTokenCommit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"A\n\x13\x43ommitTokensRequest\x12*\n\x07\x63ommits\x18\x01 \x03(\x0b\x32\x19.spotinfer.v1.TokenCommit\")\n\x14\x43ommitTokensResponse\x12\x11\n\tpersisted\x18\x01 \x01(\x08\"\x15\n\x13WatchNoticesRequest\"\x9a\x01\n\x0bNoticeEvent\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x15\n\rdeadline_unix\x18\x03 \x01(\x01\x12\x15\n\rreceived_unix\x18\x04 \x01(\x01\x12\x11\n\tdaemon_id\x18\x05 \x01(\t\x12*\n\x05\x66lush\x18\x06 \x01(\x0b\x32\x1b.spotinfer.v1.FlushProgress\"%\n\x0c\x46lushRequest\x12\x15\n\rdeadline_unix\x18\x01 \x01(\x01\"\xac\x01\n\rFlushProgress\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\r\x12\x18\n\x10persisted_blocks\x18\x04 \x01(\r\x12\x16\n\x0etail_persisted\x18\x05 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t\"\x15\n\x13\x44\x61\x65monStatusRequest\"\xa8\x02\n\x0c\x44\x61\x65monStatus\x12\x17\n\x0fstore_available\x18\x01 \x01(\x08\x12\x17\n\x0fpersisted_bytes\x18\x02 \x01(\x04\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\x04\x12\x16\n\x0epending_writes\x18\x04 \x01(\r\x12)\n\x06notice\x18\x05 \x01(\x0b\x32\x19.spotinfer.v1.NoticeEvent\x12\x15\n\rnotice_source\x18\x06 \x01(\t\x12\x16\n\x0eworker_address\x18\x07 \x01(\t\x12\x0f\n\x07\x66lushes\x18\x08 \x01(\r\x12/\n\nlast_flush\x18\t \x03(\x0b\x32\x1b.spotinfer.v1.FlushProgress\x12\x18\n\x10worker_reachable\x18\n \x01(\x08\"Q\n\x0cKvBlockChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_key\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\"3\n\x12PushBlocksResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x32\x91\x03\n\rContextDaemon\x12U\n\x0c\x43ommitTokens\x12!.spotinfer.v1.CommitTokensRequest\x1a\".spotinfer.v1.CommitTokensResponse\x12N\n\x0cWatchNotices\x12!.spotinfer.v1.WatchNoticesRequest\x1a\x19.spotinfer.v1.NoticeEvent0\x01\x12\x42\n\x05\x46lush\x12\x1a.spotinfer.v1.FlushRequest\x1a\x1b.spotinfer.v1.FlushProgress0\x01\x12G\n\x06Status\x12!.spotinfer.v1.DaemonStatusRequest\x1a\x1a.spotinfer.v1.DaemonStatus\x12L\n\nPushBlocks\x12\x1a.spotinfer.v1.KvBlockChunk\x1a .spotinfer.v1.PushBlocksResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/spotinfer/v1/daemon.proto\x12\x0cspotinfer.v1\"U\n\x0bTokenCommit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"A\n\x13\x43ommitTokensRequest\x12*\n\x07\x63ommits\x18\x01 \x03(\x0b\x32\x19.spotinfer.v1.TokenCommit\")\n\x14\x43ommitTokensResponse\x12\x11\n\tpersisted\x18\x01 \x01(\x08\"5\n\x13WatchNoticesRequest\x12\x1e\n\x16orchestrates_migration\x18\x01 \x01(\x08\"\x9a\x01\n\x0bNoticeEvent\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x15\n\rdeadline_unix\x18\x03 \x01(\x01\x12\x15\n\rreceived_unix\x18\x04 \x01(\x01\x12\x11\n\tdaemon_id\x18\x05 \x01(\t\x12*\n\x05\x66lush\x18\x06 \x01(\x0b\x32\x1b.spotinfer.v1.FlushProgress\"%\n\x0c\x46lushRequest\x12\x15\n\rdeadline_unix\x18\x01 \x01(\x01\"\xac\x01\n\rFlushProgress\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\r\x12\x18\n\x10persisted_blocks\x18\x04 \x01(\r\x12\x16\n\x0etail_persisted\x18\x05 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t\"\x15\n\x13\x44\x61\x65monStatusRequest\"\xa8\x02\n\x0c\x44\x61\x65monStatus\x12\x17\n\x0fstore_available\x18\x01 \x01(\x08\x12\x17\n\x0fpersisted_bytes\x18\x02 \x01(\x04\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\x04\x12\x16\n\x0epending_writes\x18\x04 \x01(\r\x12)\n\x06notice\x18\x05 \x01(\x0b\x32\x19.spotinfer.v1.NoticeEvent\x12\x15\n\rnotice_source\x18\x06 \x01(\t\x12\x16\n\x0eworker_address\x18\x07 \x01(\t\x12\x0f\n\x07\x66lushes\x18\x08 \x01(\r\x12/\n\nlast_flush\x18\t \x03(\x0b\x32\x1b.spotinfer.v1.FlushProgress\x12\x18\n\x10worker_reachable\x18\n \x01(\x08\"Q\n\x0cKvBlockChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_key\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\"3\n\x12PushBlocksResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x32\x91\x03\n\rContextDaemon\x12U\n\x0c\x43ommitTokens\x12!.spotinfer.v1.CommitTokensRequest\x1a\".spotinfer.v1.CommitTokensResponse\x12N\n\x0cWatchNotices\x12!.spotinfer.v1.WatchNoticesRequest\x1a\x19.spotinfer.v1.NoticeEvent0\x01\x12\x42\n\x05\x46lush\x12\x1a.spotinfer.v1.FlushRequest\x1a\x1b.spotinfer.v1.FlushProgress0\x01\x12G\n\x06Status\x12!.spotinfer.v1.DaemonStatusRequest\x1a\x1a.spotinfer.v1.DaemonStatus\x12L\n\nPushBlocks\x12\x1a.spotinfer.v1.KvBlockChunk\x1a .spotinfer.v1.PushBlocksResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,21 +38,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMMITTOKENSRESPONSE']._serialized_start=204
   _globals['_COMMITTOKENSRESPONSE']._serialized_end=245
   _globals['_WATCHNOTICESREQUEST']._serialized_start=247
-  _globals['_WATCHNOTICESREQUEST']._serialized_end=268
-  _globals['_NOTICEEVENT']._serialized_start=271
-  _globals['_NOTICEEVENT']._serialized_end=425
-  _globals['_FLUSHREQUEST']._serialized_start=427
-  _globals['_FLUSHREQUEST']._serialized_end=464
-  _globals['_FLUSHPROGRESS']._serialized_start=467
-  _globals['_FLUSHPROGRESS']._serialized_end=639
-  _globals['_DAEMONSTATUSREQUEST']._serialized_start=641
-  _globals['_DAEMONSTATUSREQUEST']._serialized_end=662
-  _globals['_DAEMONSTATUS']._serialized_start=665
-  _globals['_DAEMONSTATUS']._serialized_end=961
-  _globals['_KVBLOCKCHUNK']._serialized_start=963
-  _globals['_KVBLOCKCHUNK']._serialized_end=1044
-  _globals['_PUSHBLOCKSRESPONSE']._serialized_start=1046
-  _globals['_PUSHBLOCKSRESPONSE']._serialized_end=1097
-  _globals['_CONTEXTDAEMON']._serialized_start=1100
-  _globals['_CONTEXTDAEMON']._serialized_end=1501
+  _globals['_WATCHNOTICESREQUEST']._serialized_end=300
+  _globals['_NOTICEEVENT']._serialized_start=303
+  _globals['_NOTICEEVENT']._serialized_end=457
+  _globals['_FLUSHREQUEST']._serialized_start=459
+  _globals['_FLUSHREQUEST']._serialized_end=496
+  _globals['_FLUSHPROGRESS']._serialized_start=499
+  _globals['_FLUSHPROGRESS']._serialized_end=671
+  _globals['_DAEMONSTATUSREQUEST']._serialized_start=673
+  _globals['_DAEMONSTATUSREQUEST']._serialized_end=694
+  _globals['_DAEMONSTATUS']._serialized_start=697
+  _globals['_DAEMONSTATUS']._serialized_end=993
+  _globals['_KVBLOCKCHUNK']._serialized_start=995
+  _globals['_KVBLOCKCHUNK']._serialized_end=1076
+  _globals['_PUSHBLOCKSRESPONSE']._serialized_start=1078
+  _globals['_PUSHBLOCKSRESPONSE']._serialized_end=1129
+  _globals['_CONTEXTDAEMON']._serialized_start=1132
+  _globals['_CONTEXTDAEMON']._serialized_end=1533
 # @@protoc_insertion_point(module_scope)

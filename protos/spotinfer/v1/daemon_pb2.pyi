@@ -94,12 +94,20 @@ Global___CommitTokensResponse: _TypeAlias = CommitTokensResponse  # noqa: Y015
 class WatchNoticesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    ORCHESTRATES_MIGRATION_FIELD_NUMBER: _builtins.int
+    orchestrates_migration: _builtins.bool
+    """The subscriber moves the requests itself (a coordinator's staged migration) and will
+    call Flush when they are ready: the daemon then waits for that Flush, up to its hand-off
+    time, before flushing on its own. Without such a subscriber it flushes at once.
+    """
     def __init__(
         self,
+        *,
+        orchestrates_migration: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["orchestrates_migration", b"orchestrates_migration"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

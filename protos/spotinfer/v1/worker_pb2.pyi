@@ -17,6 +17,99 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class PrefetchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrefetchRequest: _TypeAlias = PrefetchRequest  # noqa: Y015
+
+@_typing.final
+class PrefetchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGED_BLOCKS_FIELD_NUMBER: _builtins.int
+    NEW_BLOCKS_FIELD_NUMBER: _builtins.int
+    STAGED_BYTES_FIELD_NUMBER: _builtins.int
+    CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    staged_blocks: _builtins.int
+    """full blocks of the request staged here, this call included"""
+    new_blocks: _builtins.int
+    """of which this call staged"""
+    staged_bytes: _builtins.int
+    """what they take in staging memory"""
+    context_tokens: _builtins.int
+    """prompt + committed tokens the store held"""
+    finished: _builtins.bool
+    """the request already ended: nothing was staged, nothing to move"""
+    def __init__(
+        self,
+        *,
+        staged_blocks: _builtins.int = ...,
+        new_blocks: _builtins.int = ...,
+        staged_bytes: _builtins.int = ...,
+        context_tokens: _builtins.int = ...,
+        finished: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_tokens", b"context_tokens", "finished", b"finished", "new_blocks", b"new_blocks", "staged_blocks", b"staged_blocks", "staged_bytes", b"staged_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrefetchResponse: _TypeAlias = PrefetchResponse  # noqa: Y015
+
+@_typing.final
+class DropPrefetchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropPrefetchRequest: _TypeAlias = DropPrefetchRequest  # noqa: Y015
+
+@_typing.final
+class DropPrefetchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DROPPED_BLOCKS_FIELD_NUMBER: _builtins.int
+    dropped_blocks: _builtins.int
+    def __init__(
+        self,
+        *,
+        dropped_blocks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_blocks", b"dropped_blocks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropPrefetchResponse: _TypeAlias = DropPrefetchResponse  # noqa: Y015
+
+@_typing.final
 class PreemptRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

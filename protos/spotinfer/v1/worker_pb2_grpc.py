@@ -66,6 +66,16 @@ class WorkerStub:
                 request_serializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.PreemptRequest.SerializeToString,
                 response_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.FlushProgress.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.unary_unary(
+                '/spotinfer.v1.Worker/Prefetch',
+                request_serializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.PrefetchResponse.FromString,
+                _registered_method=True)
+        self.DropPrefetch = channel.unary_unary(
+                '/spotinfer.v1.Worker/DropPrefetch',
+                request_serializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.DropPrefetchRequest.SerializeToString,
+                response_deserializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.DropPrefetchResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -113,6 +123,24 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefetch(self, request, context):
+        """The first stages of a live migration, on the target, while the source still decodes:
+        copy the request's persisted full KV blocks from the store into this worker's staging
+        memory, so that the Resume after the pause loads them without a network read. Call it
+        again to stage the blocks the source filled since (each call stages only what is new).
+        RESOURCE_EXHAUSTED: no staging room (the target refuses); NOT_FOUND: no such request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropPrefetch(self, request, context):
+        """Frees what Prefetch staged for a request (an aborted handshake); idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +173,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Preempt,
                     request_deserializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.PreemptRequest.FromString,
                     response_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.FlushProgress.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.PrefetchRequest.FromString,
+                    response_serializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.PrefetchResponse.SerializeToString,
+            ),
+            'DropPrefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropPrefetch,
+                    request_deserializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.DropPrefetchRequest.FromString,
+                    response_serializer=protos_dot_spotinfer_dot_v1_dot_worker__pb2.DropPrefetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +347,60 @@ class Worker:
             '/spotinfer.v1.Worker/Preempt',
             protos_dot_spotinfer_dot_v1_dot_worker__pb2.PreemptRequest.SerializeToString,
             protos_dot_spotinfer_dot_v1_dot_daemon__pb2.FlushProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spotinfer.v1.Worker/Prefetch',
+            protos_dot_spotinfer_dot_v1_dot_worker__pb2.PrefetchRequest.SerializeToString,
+            protos_dot_spotinfer_dot_v1_dot_worker__pb2.PrefetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropPrefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spotinfer.v1.Worker/DropPrefetch',
+            protos_dot_spotinfer_dot_v1_dot_worker__pb2.DropPrefetchRequest.SerializeToString,
+            protos_dot_spotinfer_dot_v1_dot_worker__pb2.DropPrefetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,15 @@ class WorkerStub:
     or the deadline passed (the rest then come with complete = false). Paused requests stay
     live in the store (status paused) for a standby to resume.
     """
+    Prefetch: _grpc.UnaryUnaryMultiCallable[_worker_pb2.PrefetchRequest, _worker_pb2.PrefetchResponse]
+    """The first stages of a live migration, on the target, while the source still decodes:
+    copy the request's persisted full KV blocks from the store into this worker's staging
+    memory, so that the Resume after the pause loads them without a network read. Call it
+    again to stage the blocks the source filled since (each call stages only what is new).
+    RESOURCE_EXHAUSTED: no staging room (the target refuses); NOT_FOUND: no such request.
+    """
+    DropPrefetch: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DropPrefetchRequest, _worker_pb2.DropPrefetchResponse]
+    """Frees what Prefetch staged for a request (an aborted handshake); idempotent."""
 
 @_typing.type_check_only
 class WorkerAsyncStub(WorkerStub):
@@ -63,6 +72,15 @@ class WorkerAsyncStub(WorkerStub):
     or the deadline passed (the rest then come with complete = false). Paused requests stay
     live in the store (status paused) for a standby to resume.
     """
+    Prefetch: _aio.UnaryUnaryMultiCallable[_worker_pb2.PrefetchRequest, _worker_pb2.PrefetchResponse]  # type: ignore[assignment]
+    """The first stages of a live migration, on the target, while the source still decodes:
+    copy the request's persisted full KV blocks from the store into this worker's staging
+    memory, so that the Resume after the pause loads them without a network read. Call it
+    again to stage the blocks the source filled since (each call stages only what is new).
+    RESOURCE_EXHAUSTED: no staging room (the target refuses); NOT_FOUND: no such request.
+    """
+    DropPrefetch: _aio.UnaryUnaryMultiCallable[_worker_pb2.DropPrefetchRequest, _worker_pb2.DropPrefetchResponse]  # type: ignore[assignment]
+    """Frees what Prefetch staged for a request (an aborted handshake); idempotent."""
 
 class WorkerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -113,5 +131,26 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         or the deadline passed (the rest then come with complete = false). Paused requests stay
         live in the store (status paused) for a standby to resume.
         """
+
+    @_abc_1.abstractmethod
+    def Prefetch(
+        self,
+        request: _worker_pb2.PrefetchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.PrefetchResponse, _abc.Awaitable[_worker_pb2.PrefetchResponse]]:
+        """The first stages of a live migration, on the target, while the source still decodes:
+        copy the request's persisted full KV blocks from the store into this worker's staging
+        memory, so that the Resume after the pause loads them without a network read. Call it
+        again to stage the blocks the source filled since (each call stages only what is new).
+        RESOURCE_EXHAUSTED: no staging room (the target refuses); NOT_FOUND: no such request.
+        """
+
+    @_abc_1.abstractmethod
+    def DropPrefetch(
+        self,
+        request: _worker_pb2.DropPrefetchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.DropPrefetchResponse, _abc.Awaitable[_worker_pb2.DropPrefetchResponse]]:
+        """Frees what Prefetch staged for a request (an aborted handshake); idempotent."""
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,73 @@
+"""One stage of a live migration on its target: stage what the store holds of a request.
+
+The source keeps decoding while this runs; every block it fills is persisted (policy eager)
+and picked up by the next stage. Full blocks never change once written (their key is the
+hash of every token up to their end), so a staged block stays right whatever the source
+does next; the partial tail does, and is left for the pause::
+
+    record + committed tokens ─▶ context ─▶ chain hashes of its full blocks
+    not staged yet ─▶ GETEX (one round trip) ─▶ StagingArea.stage ─▶ PrefetchOutcome
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from context_daemon.store import RedisStore, block_hashes
+from context_daemon.store import RequestNotFound as StoreRequestNotFound
+from worker.errors import CannotResume, RecordNotFound
+from worker.kv_staging import StagingArea
+
+
+@dataclass(frozen=True)
+class PrefetchOutcome:
+    staged_blocks: int  # of the request, all stages so far
+    new_blocks: int  # staged by this call
+    staged_bytes: int
+    context_tokens: int
+    finished: bool  # the request ended: nothing is staged for it any more
+
+
+def prefetch_stage(
+    store: RedisStore,
+    staging: StagingArea,
+    request_id: str,
+    model_fingerprint: str,
+    block_tokens: int,
+) -> PrefetchOutcome:
+    """Stages the full blocks of ``request_id`` the store holds and staging does not (blocking:
+    call on a thread). Raises RecordNotFound, CannotResume, StagingFull, StoreUnavailable."""
+    try:
+        record = store.get_request(request_id)
+        committed = store.committed_tokens(request_id)
+    except StoreRequestNotFound as exc:
+        raise RecordNotFound(request_id) from exc
+    context_tokens = len(record.prompt_token_ids) + len(committed)
+    if record.status.is_terminal:
+        staging.drop(request_id)
+        return PrefetchOutcome(0, 0, 0, context_tokens, finished=True)
+    if record.model_fingerprint != model_fingerprint:
+        raise CannotResume(
+            f"request {request_id!r} was written by another model "
+            f"({record.model_fingerprint}, this worker runs {model_fingerprint})"
+        )
+    context = list(record.prompt_token_ids) + committed
+    # The KV of every token but the last is needed; its full blocks are final.
+    hashes = block_hashes(model_fingerprint, context[: max(0, len(context) - 1)], block_tokens)
+    # A block staged before (by this request's earlier stages, or by another request with the
+    # same prefix) is only referenced again.
+    wanted = [h for h in hashes if not staging.share(request_id, h)]
+    new_blocks = 0
+    if wanted:
+        for prefix_hash, data in zip(wanted, store.get_block_values(wanted), strict=True):
+            if data is None:  # not persisted (yet): later blocks could not be used either
+                break
+            staging.stage(request_id, prefix_hash, data)
+            new_blocks += 1
+    return PrefetchOutcome(
+        staged_blocks=staging.blocks_of(request_id),
+        new_blocks=new_blocks,
+        staged_bytes=staging.bytes_of(request_id),
+        context_tokens=context_tokens,
+        finished=False,
+    )
