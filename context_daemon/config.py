@@ -16,6 +16,7 @@ from typing import Any
 from context_daemon.constants import (
     DEFAULT_DAEMON_PORT,
     DEFAULT_GRACE_SECONDS,
+    DEFAULT_HANDOFF_SECONDS,
     DEFAULT_WORKER_ADDRESS,
     NOTICE_SOURCES,
 )
@@ -62,6 +63,14 @@ class DaemonConfig:
             "0: the cloud's default (aws 120, gcp 30, azure 30, file 30)"
         },
     )
+    handoff_seconds: float = field(
+        default=DEFAULT_HANDOFF_SECONDS,
+        metadata={
+            "help": "with a coordinator that migrates the requests itself (a WatchNotices "
+            "subscriber that says so), how long to wait for its Flush after a notice before "
+            "flushing anyway (at most half the time left); 0: flush at once"
+        },
+    )
     poll_interval_seconds: float = field(
         default=0.0, metadata={"help": "seconds between metadata polls; 0: the source's default"}
     )
@@ -86,8 +95,10 @@ class DaemonConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
-        if self.grace_seconds < 0 or self.poll_interval_seconds < 0:
-            raise ValueError("grace_seconds and poll_interval_seconds must not be negative")
+        if self.grace_seconds < 0 or self.poll_interval_seconds < 0 or self.handoff_seconds < 0:
+            raise ValueError(
+                "grace_seconds, handoff_seconds and poll_interval_seconds must not be negative"
+            )
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(
                 f"redis_url must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}"

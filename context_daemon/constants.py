@@ -69,6 +69,10 @@ DEFAULT_GRACE_SECONDS = {
 }
 # A failing step of the daemon's outer loop is retried after this pause, never given up.
 DAEMON_RETRY_SECONDS = 1.0
+# A coordinator that moves the requests itself gets at most this share of the time left to
+# the deadline before the daemon flushes on its own (the rest is the flush's).
+HANDOFF_MAX_SHARE = 0.5
+DEFAULT_HANDOFF_SECONDS = 10.0
 # Each subscriber of WatchNotices gets a queue this long; a subscriber that falls this far
 # behind loses its oldest events rather than holding memory without bound.
 SUBSCRIBER_QUEUE_EVENTS = 64

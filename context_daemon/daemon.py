@@ -5,8 +5,17 @@
     watcher thread ──notice──▶ loop: record it ──▶ hook.notice (WatchNotices subscribers)
                                      │ ends the VM?
                                      ▼
+                               a subscriber moves the requests itself (a coordinator's
+                               staged migration)? wait for its Flush, up to the hand-off time
+                                     │ no, or it did not come
+                                     ▼
                                worker.Preempt(deadline) ──FlushReport per request──▶
                                                           hook.progress, Flush callers
+
+The hand-off keeps the daemon the one that guarantees the flush: the coordinator may use the
+first part of the grace period to stage each request on its target while the source still
+decodes, then calls Flush; if it is slow or gone, the daemon flushes anyway with at least
+half of the time that was left.
 
 The watcher runs on its own thread (its polls block); everything else runs on the event loop
 that also serves the daemon's gRPC service. The outermost loop logs any error and goes on:
@@ -26,7 +35,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from context_daemon.config import DaemonConfig
-from context_daemon.constants import DAEMON_RETRY_SECONDS, SUBSCRIBER_QUEUE_EVENTS
+from context_daemon.constants import (
+    DAEMON_RETRY_SECONDS,
+    HANDOFF_MAX_SHARE,
+    SUBSCRIBER_QUEUE_EVENTS,
+)
 from context_daemon.notices import Notice, NoticeAction, NoticeWatcher, create_watcher
 from context_daemon.worker_link import FlushReport, WorkerLink
 
@@ -64,6 +77,7 @@ class Subscribers(NotificationHook):
     def __init__(self, queue_events: int = SUBSCRIBER_QUEUE_EVENTS) -> None:
         self._queues: list[asyncio.Queue[DaemonEvent]] = []
         self._queue_events = queue_events
+        self._orchestrators = 0
 
     def notice(self, notice: Notice) -> None:
         self._publish(DaemonEvent(notice))
@@ -77,10 +91,14 @@ class Subscribers(NotificationHook):
                 queue.get_nowait()
             queue.put_nowait(event)
 
-    async def stream(self, ready: Callable[[], None] | None = None) -> AsyncIterator[DaemonEvent]:
-        """Events from now on, until the caller stops iterating."""
+    async def stream(
+        self, ready: Callable[[], None] | None = None, orchestrates: bool = False
+    ) -> AsyncIterator[DaemonEvent]:
+        """Events from now on, until the caller stops iterating. ``orchestrates``: the caller
+        migrates the requests itself and will call Flush (see `orchestrated`)."""
         queue: asyncio.Queue[DaemonEvent] = asyncio.Queue(self._queue_events)
         self._queues.append(queue)
+        self._orchestrators += orchestrates
         try:
             if ready is not None:
                 ready()
@@ -88,6 +106,11 @@ class Subscribers(NotificationHook):
                 yield await queue.get()
         finally:
             self._queues.remove(queue)
+            self._orchestrators -= orchestrates
+
+    def orchestrated(self) -> bool:
+        """Whether a subscriber moves the requests itself (the daemon then waits for it)."""
+        return self._orchestrators > 0
 
     @property
     def count(self) -> int:
@@ -120,7 +143,8 @@ class DaemonState:
 
 class ContextDaemon:
     """One daemon beside one worker. ``watcher``, ``worker`` and ``hook`` come in through the
-    constructor; ``clock`` returns unix seconds."""
+    constructor; ``clock`` returns unix seconds; ``orchestrated`` says whether a subscriber
+    migrates the requests itself (then a notice waits for its Flush, see the module doc)."""
 
     def __init__(
         self,
@@ -129,6 +153,7 @@ class ContextDaemon:
         worker: WorkerLink,
         hook: NotificationHook,
         clock: Callable[[], float] = time.time,
+        orchestrated: Callable[[], bool] = lambda: False,
     ) -> None:
         self.config = config
         self.state = DaemonState()
@@ -136,13 +161,22 @@ class ContextDaemon:
         self._worker = worker
         self._hook = hook
         self._clock = clock
+        self._orchestrated = orchestrated
         self._notices: asyncio.Queue[Notice] = asyncio.Queue()
         self._flush_lock = asyncio.Lock()
+        self._flush_called = asyncio.Event()
 
     @classmethod
-    def from_config(cls, config: DaemonConfig, hook: NotificationHook) -> ContextDaemon:
+    def from_config(
+        cls,
+        config: DaemonConfig,
+        hook: NotificationHook,
+        orchestrated: Callable[[], bool] = lambda: False,
+    ) -> ContextDaemon:
         watcher = create_watcher(config.notice_source, **config.watcher_options())
-        return cls(config, watcher, WorkerLink(config.worker_address), hook)
+        return cls(
+            config, watcher, WorkerLink(config.worker_address), hook, orchestrated=orchestrated
+        )
 
     @property
     def worker(self) -> WorkerLink:
@@ -193,14 +227,33 @@ class ContextDaemon:
             notice.deadline_unix,
         )
         self.state.last_notice = notice
+        self._flush_called.clear()
         self._call_hook(self._hook.notice, notice)
         if not notice.action.ends_vm:
             return  # a hint: nothing to do until a real notice
         deadline = (
             notice.deadline_unix or notice.received_unix + self.config.effective_grace_seconds
         )
+        if await self._handed_off(deadline):
+            return
         async for _ in self.flush(deadline, notice):
             pass
+
+    async def _handed_off(self, deadline_unix: float) -> bool:
+        """True when a migrating subscriber called Flush within its share of the time."""
+        if not self._orchestrated() or not self.config.handoff_seconds:
+            return False
+        left = deadline_unix - self._clock()
+        wait = min(self.config.handoff_seconds, HANDOFF_MAX_SHARE * left)
+        if wait <= 0:
+            return False
+        log.info("a coordinator migrates the requests; its Flush is awaited for %.1f s", wait)
+        try:
+            await asyncio.wait_for(self._flush_called.wait(), wait)
+        except TimeoutError:
+            log.warning("no Flush from the coordinator in %.1f s: flushing the worker now", wait)
+            return False
+        return True
 
     async def flush(
         self, deadline_unix: float, notice: Notice | None = None
@@ -208,6 +261,7 @@ class ContextDaemon:
         """Have the worker pause and persist everything before ``deadline_unix`` (0: grace
         from now); yield each request's report as the worker gives it. Retries a worker that
         does not answer until the deadline. One flush at a time."""
+        self._flush_called.set()
         now = self._clock()
         deadline_unix = deadline_unix or now + self.config.effective_grace_seconds
         if notice is None:

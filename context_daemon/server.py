@@ -80,7 +80,9 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
     ) -> AsyncIterator[daemon_pb2.NoticeEvent]:
         # Headers go out at once, so a subscriber knows it is registered before any notice.
         await context.send_initial_metadata(())
-        async for event in self._subscribers.stream():
+        async for event in self._subscribers.stream(
+            orchestrates=request.orchestrates_migration
+        ):
             yield event_to_proto(event, self._daemon.config.daemon_id)
 
     async def CommitTokens(  # noqa: N802
@@ -116,7 +118,9 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     metrics = DaemonMetrics(
         config.effective_grace_seconds, store.is_available if store is not None else None
     )
-    daemon = ContextDaemon.from_config(config, Hooks(subscribers, metrics))
+    daemon = ContextDaemon.from_config(
+        config, Hooks(subscribers, metrics), orchestrated=subscribers.orchestrated
+    )
     metrics.read_state_from(daemon.state)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)

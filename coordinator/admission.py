@@ -168,17 +168,24 @@ class Admission:
             return None
         return self._lease(request, self._policy.choose(request, candidates))
 
+    def reserve(self, request: GenerationRequest, exclude: frozenset[str]) -> Lease | None:
+        """A slot for a request about to move (a staged migration's target): a routable
+        worker with room, else a promoted standby, else None (it then moves the plain way,
+        through `requeue`, once paused)."""
+        lease = self._place(request, exclude)
+        if lease is None:
+            promoted = self._pool.promote_one(exclude)
+            if promoted is not None:
+                lease = self._lease(request, promoted)
+        return lease
+
     def requeue(self, request: GenerationRequest, exclude: frozenset[str]) -> Ticket:
         """A slot for a request that was already admitted and must move (its worker was
         noticed): a routable worker with room, else a promoted standby, else the head of its
         class's queue — beyond the queue's capacity, since the request was accepted once and
         must never fail for want of room; it runs as soon as a slot frees."""
         ticket = Ticket(request)
-        lease = self._place(request, exclude)
-        if lease is None:
-            promoted = self._pool.promote_one(exclude)
-            if promoted is not None:
-                lease = self._lease(request, promoted)
+        lease = self.reserve(request, exclude)
         if lease is not None:
             ticket.future.set_result(lease)
             return ticket

@@ -51,6 +51,20 @@ FLUSH_REPORT_KEEP_SECONDS = 300.0
 # A broken WatchNotices subscription is opened again after this pause.
 DAEMON_RESUBSCRIBE_SECONDS = 1.0
 
+# Staged migration (the target prefetches while the source decodes): the stages of all of a
+# noticed worker's requests may take at most this long, and at most this share of the time
+# left (below the daemon's hand-off share, so that the coordinator's Flush comes first).
+STAGING_MAX_SECONDS = 8.0
+STAGING_MAX_SHARE = 0.4
+# Stages per request: the first copies every persisted block, each next one what the source
+# filled meanwhile; staging stops as soon as no full block is left unstaged (the pause then
+# moves only the partial block and the newest tokens).
+STAGING_MAX_STAGES = 4
+# Requests staged at the same time (each stage is one read of the store on the target).
+STAGING_CONCURRENCY = 8
+# One Prefetch call may take this long before the target counts as refusing.
+PREFETCH_TIMEOUT_SECONDS = 10.0
+
 # --- requests another coordinator started (restart, replicas) ---------------------------------
 # How long an adopted request may stay RUNNING in the store before it is resumed anyway (its
 # worker pauses it as soon as it sees its old caller's stream gone).

@@ -45,12 +45,16 @@ class DaemonClient:
         await self._channel.close()
 
     async def watch(
-        self, on_subscribed: Callable[[], None] = lambda: None
+        self, on_subscribed: Callable[[], None] = lambda: None, orchestrates: bool = False
     ) -> AsyncIterator[DaemonEvent]:
         """Every notice and flush report from now on, until the stream breaks.
         ``on_subscribed`` runs once the daemon has registered the subscription (it sends
-        its headers then): no notice after that moment is missed."""
-        call = self._stub.WatchNotices(daemon_pb2.WatchNoticesRequest())
+        its headers then): no notice after that moment is missed. ``orchestrates``: this
+        coordinator migrates the requests itself and calls Flush when they are staged (the
+        daemon waits for it, up to its hand-off time)."""
+        call = self._stub.WatchNotices(
+            daemon_pb2.WatchNoticesRequest(orchestrates_migration=orchestrates)
+        )
         try:
             await call.initial_metadata()
             on_subscribed()

@@ -222,6 +222,7 @@ class Dispatcher:
         self._note(relay)
 
     def finished(self, relay: Relay) -> None:
+        self._failover.request_finished(relay.request_id)
         self._metrics.in_flight.dec()
         ttft = tpot = None
         if relay.first_token_monotonic is not None:

@@ -106,6 +106,9 @@ class FailoverPolicy:
     ) -> Takeover:
         raise NotImplementedError
 
+    def request_finished(self, request_id: str) -> None:
+        """The request ended (any way): whatever the policy prepared for it can go."""
+
 
 class FailRequest(FailoverPolicy, name="fail"):
     async def take_over(
@@ -140,7 +143,10 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
             return await self._migrate(request, delivered_tokens, lost)
         if attempt > self.MAX_ATTEMPTS:
             raise RequestLost(f"gave up after {self.MAX_ATTEMPTS} failovers: {why.detail}")
-        lease = self._admission.place_elsewhere(request, frozenset({lost.entry.address}))
+        # A source that died mid-handshake: its staged target recovers it.
+        lease = self._prepared(request.request_id)
+        if lease is None:
+            lease = self._admission.place_elsewhere(request, frozenset({lost.entry.address}))
         if lease is None:
             raise RequestLost(f"no worker left to continue on after {why.detail}")
         log.warning(
@@ -169,16 +175,27 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
                 source.entry.worker_id,
                 report,
             )
-        ticket = self._admission.requeue(request, frozenset({source.entry.address}))
-        lease = await self._admission.wait(ticket)
+        lease = self._prepared(request.request_id)
+        staged = lease is not None
+        if lease is None:
+            ticket = self._admission.requeue(request, frozenset({source.entry.address}))
+            lease = await self._admission.wait(ticket)
         log.info(
-            "request %s: migrating from %s to %s at index %d",
+            "request %s: migrating from %s to %s at index %d (%s)",
             request.request_id,
             source.entry.worker_id,
             lease.entry.worker_id,
             delivered_tokens,
+            "staged" if staged else "not staged",
         )
         return Takeover(lease, _resume_or_start(lease, request, delivered_tokens))
+
+    def _prepared(self, request_id: str) -> Lease | None:
+        return self._migrations.take_prepared(request_id) if self._migrations else None
+
+    def request_finished(self, request_id: str) -> None:
+        if self._migrations is not None:
+            self._migrations.abandon(request_id, "it finished")
 
 
 async def _resume_or_start(

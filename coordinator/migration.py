@@ -1,28 +1,33 @@
-"""Live migration on a termination notice, the coordinator's part.
+"""Live migration on a termination notice, the coordinator's part: a staged handshake.
 
-The worker does the pausing and the persisting (Worker.Preempt, called by its context
-daemon); the coordinator learns of the notice, stops routing to the worker, and moves each
-paused request once its state is complete in the store::
+The worker pauses and persists (Worker.Preempt, called by its context daemon); the target
+prefetches (Worker.Prefetch); the coordinator runs the handshake between them::
 
     daemon WatchNotices ──notice──▶ Migrations.noticed ─▶ worker PREEMPTED (no new routing)
-    Control.InjectNotice ─────────▶   └─ (drill) daemon.Flush(deadline) ─┐
-                                                                        ▼
-    worker: pause at an iteration boundary, persist tokens + full blocks + partial tail
-      │ the request's stream ends with a NOTICE event       │ one FlushReport per request
-      ▼                                                     ▼
-    Relay ─▶ FailoverPolicy.take_over ─▶ Migrations.wait_flushed(request) ◀─ flushed(report)
-                    │ complete (or the source died / the deadline passed: recovery instead)
-                    ▼
-    Admission.requeue (a worker with room, a promoted standby, or wait) ─▶ Worker.Resume
-    from the client's next index: MIGRATED event, nothing recomputed
+    Control.InjectNotice ─────────▶   │ (the daemon waits for our Flush: we said we orchestrate)
+                                      ▼
+    stage 1..n, per request, while the source still decodes:
+      Admission.reserve (a target with room, or a promoted standby)
+      target.Prefetch ×n: the persisted full blocks, then what the source filled since,
+      until a stage finds nothing new (or the stage budget is spent)
+                                      ▼
+    last stage: daemon.Flush ─▶ source pauses every request at an iteration boundary and
+      persists its token tail and partial block ─▶ one FlushReport per request
+                                      ▼
+    Relay ─▶ FailoverPolicy.take_over ─▶ wait_flushed ─▶ take_prepared (the reserved target)
+      ─▶ Worker.Resume there: staged blocks load from memory, the tail from Redis; MIGRATED
 
-Resuming before the report would race the flush (the tail block and the PAUSED mark land
-after the stream ends), so the wait is what makes the recompute zero. A source that dies
-mid-flush wakes the waiters at once; Worker.Resume then recovers from what the store holds.
+Only the partial block and the newest tokens move during the pause, so it does not grow with
+the context. The handshake aborts cleanly, freeing the reservation and the staged blocks
+(DropPrefetch): when the request finishes meanwhile, when the target refuses (no staging room,
+no store, draining) or dies, when the stage budget runs out before a stage answers. A request
+without a prepared move (no room anywhere, or an aborted handshake) moves the plain way once
+paused: requeued, and resumed from the store. A source that dies mid-way wakes the flush
+waiters at once; Worker.Resume then recovers from what the store holds (on the prepared
+target when there is one).
 
-Not here yet: the multi-stage handshake of DESIGN.md (the target pre-allocates and
-prefetches full blocks while the source still decodes). Today the target loads every block
-from Redis after the pause.
+Resuming before the flush report would race the flush (the tail block and the PAUSED mark
+land after the stream ends), so that wait is what makes the recompute zero.
 """
 
 from __future__ import annotations
@@ -30,22 +35,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from context_daemon.worker_link import FlushReport
+from coordinator.admission import Admission, Lease
 from coordinator.constants import (
     DAEMON_RESUBSCRIBE_SECONDS,
     FLUSH_REPORT_KEEP_SECONDS,
     FLUSH_WAIT_MARGIN_SECONDS,
     FLUSH_WAIT_WITHOUT_DAEMON_SECONDS,
     NOTICE_DEFAULT_GRACE_SECONDS,
+    PREFETCH_TIMEOUT_SECONDS,
+    STAGING_CONCURRENCY,
+    STAGING_MAX_SECONDS,
+    STAGING_MAX_SHARE,
+    STAGING_MAX_STAGES,
 )
 from coordinator.daemon_client import DaemonClient, DaemonEvent
 from coordinator.registry import Registry, WorkerEntry, WorkerState
+from coordinator.worker_client import PrefetchRefused
+from spotinfer.requests import GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +70,31 @@ _GONE = frozenset({WorkerState.LOST, WorkerState.STOPPED})
 class _Waiter:
     address: str
     future: asyncio.Future[FlushReport | None]
+
+
+class MovingRequest(Protocol):
+    """What staging needs of an in-flight request (the relay)."""
+
+    @property
+    def request(self) -> GenerationRequest: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def delivered_tokens(self) -> int: ...
+
+
+@dataclass
+class PreparedMove:
+    """A request staged on its target while its source still decodes."""
+
+    request_id: str
+    source_address: str
+    lease: Lease
+    staged_blocks: int = 0
+    staged_bytes: int = 0
+    stages: int = 0
 
 
 class Migrations:
@@ -77,7 +115,25 @@ class Migrations:
         self._deadlines: dict[str, float] = {}  # notice deadline by worker address
         self._reports: dict[tuple[str, str], tuple[FlushReport, float]] = {}
         self._waiters: dict[tuple[str, str], _Waiter] = {}
+        # Staged migration, once enabled (a failover policy that moves paused requests).
+        self._admission: Admission | None = None
+        self._requests_on: Callable[[str], Sequence[MovingRequest]] = lambda address: ()
+        self._moves: dict[str, PreparedMove] = {}  # by request id
+        self._evacuating: set[str] = set()  # worker addresses
         registry.subscribe(self._on_worker_state)
+
+    def enable_staging(
+        self, admission: Admission, requests_on: Callable[[str], Sequence[MovingRequest]]
+    ) -> None:
+        """Noticed workers' requests are staged on their targets before the pause;
+        ``requests_on(address)`` lists the unfinished requests a worker serves."""
+        self._admission = admission
+        self._requests_on = requests_on
+
+    @property
+    def orchestrates(self) -> bool:
+        """Whether this coordinator stages migrations (and so calls the daemons' Flush)."""
+        return self._admission is not None
 
     # -- notices -----------------------------------------------------------------------
 
@@ -101,24 +157,141 @@ class Migrations:
             deadline_unix - self._clock(),
         )
         self._registry.set_orchestrated_state(entry, WorkerState.PREEMPTED)
+        daemon = self._daemons.get(entry.address)
+        if self.orchestrates and daemon is not None and entry.address not in self._evacuating:
+            self._evacuating.add(entry.address)
+            self._spawn(self._evacuate(entry, daemon), f"evacuate-{entry.address}")
 
     def inject(self, entry: WorkerEntry, grace_seconds: float, flush: bool) -> float:
         """A drill's notice: the worker is PREEMPTED and, when ``flush`` and it has a daemon,
-        the daemon flushes it by now + ``grace_seconds``. Returns the deadline."""
+        its requests move by now + ``grace_seconds`` (staged first when this coordinator
+        stages, then the daemon's Flush). Returns the deadline."""
         deadline_unix = self._clock() + grace_seconds
-        self.noticed(entry, deadline_unix)
         daemon = self._daemons.get(entry.address)
-        if not flush:
-            return deadline_unix
-        if daemon is None:
+        if flush and daemon is None:
             log.warning(
                 "worker %s has no context daemon registered: it is only taken out of routing "
                 "(its requests run on until it goes)",
                 entry.worker_id,
             )
-            return deadline_unix
-        self._spawn(self._flush(entry, daemon, deadline_unix, grace_seconds), "flush")
+        staged = self.orchestrates and entry.address not in self._evacuating
+        self.noticed(entry, deadline_unix)
+        if flush and daemon is not None and not staged:
+            self._spawn(self._flush(entry, daemon, deadline_unix), "flush")
         return deadline_unix
+
+    # -- staging -------------------------------------------------------------------------
+
+    async def _evacuate(self, entry: WorkerEntry, daemon: DaemonClient) -> None:
+        """Stages every request of the noticed ``entry`` on its target, then has the daemon
+        pause and flush them all (the last stage)."""
+        try:
+            deadline = self._deadlines.get(entry.address) or (
+                self._clock() + NOTICE_DEFAULT_GRACE_SECONDS
+            )
+            left = deadline - self._clock()
+            budget = min(STAGING_MAX_SECONDS, STAGING_MAX_SHARE * left)
+            moving = [m for m in self._requests_on(entry.address) if not m.finished]
+            if moving and budget > 0:
+                started = time.monotonic()
+                limit = asyncio.Semaphore(STAGING_CONCURRENCY)
+                await asyncio.gather(
+                    *(self._stage(m, entry, started + budget, limit) for m in moving)
+                )
+                staged = [
+                    self._moves[m.request.request_id]
+                    for m in moving
+                    if m.request.request_id in self._moves
+                ]
+                log.info(
+                    "worker %s: %d of %d request(s) staged on their targets in %.0f ms "
+                    "(%d blocks); pausing them",
+                    entry.worker_id,
+                    len(staged),
+                    len(moving),
+                    1000 * (time.monotonic() - started),
+                    sum(move.staged_blocks for move in staged),
+                )
+            await self._flush(entry, daemon, deadline)
+        finally:
+            self._evacuating.discard(entry.address)
+
+    async def _stage(
+        self,
+        moving: MovingRequest,
+        source: WorkerEntry,
+        until_monotonic: float,
+        limit: asyncio.Semaphore,
+    ) -> None:
+        """The first stages of one request's handshake (see the module doc)."""
+        assert self._admission is not None, "staging is enabled"
+        request_id = moving.request.request_id
+        async with limit:
+            if moving.finished or request_id in self._moves:
+                return
+            lease = self._admission.reserve(moving.request, frozenset({source.address}))
+            if lease is None:
+                log.warning(
+                    "request %s: no worker has room to stage it on; it moves after the pause",
+                    request_id,
+                )
+                return
+            move = PreparedMove(request_id, source.address, lease)
+            self._moves[request_id] = move
+            try:
+                while move.stages < STAGING_MAX_STAGES:
+                    timeout = min(PREFETCH_TIMEOUT_SECONDS, until_monotonic - time.monotonic())
+                    if timeout <= 0:
+                        break
+                    result = await lease.entry.client.prefetch(request_id, timeout)
+                    move.stages += 1
+                    new_blocks = result.new_blocks
+                    move.staged_blocks, move.staged_bytes = (
+                        result.staged_blocks,
+                        result.staged_bytes,
+                    )
+                    if result.finished or moving.finished:
+                        self.abandon(request_id, "it finished")
+                        return
+                    if not new_blocks or _blocks_behind(moving, move, source) < 1:
+                        break  # the source filled no block since this stage read the store
+            except PrefetchRefused as exc:
+                self.abandon(request_id, f"target {lease.entry.worker_id} refused: {exc}")
+                return
+            log.info(
+                "request %s: %d blocks (%.1f MB) staged on %s in %d stage(s)",
+                request_id,
+                move.staged_blocks,
+                move.staged_bytes / 1e6,
+                lease.entry.worker_id,
+                move.stages,
+            )
+
+    def take_prepared(self, request_id: str) -> Lease | None:
+        """The reserved target of a staged request, for its Resume (None: no prepared move, or
+        its target can no longer take it — the reservation and staged blocks are freed)."""
+        move = self._moves.pop(request_id, None)
+        if move is None:
+            return None
+        entry = move.lease.entry
+        if entry.state in _GONE or entry.orchestrated_state == WorkerState.PREEMPTED:
+            self._moves[request_id] = move
+            self.abandon(request_id, f"target {entry.worker_id} is no longer available")
+            return None
+        return move.lease
+
+    def abandon(self, request_id: str, why: str) -> None:
+        """Aborts a handshake: frees the reservation and the staged blocks (idempotent)."""
+        move = self._moves.pop(request_id, None)
+        if move is None:
+            return
+        log.info("request %s: staged migration aborted (%s)", request_id, why)
+        move.lease.release()
+        if move.staged_blocks or move.stages:
+            self._spawn(self._drop(move), f"drop-{request_id}")
+
+    async def _drop(self, move: PreparedMove) -> None:
+        await move.lease.entry.client.drop_prefetch(move.request_id)
 
     def flushed(self, address: str, report: FlushReport) -> None:
         """One paused request's flush report (idempotent: Flush and WatchNotices both give it)."""
@@ -168,6 +341,9 @@ class Migrations:
     def _on_worker_state(self, entry: WorkerEntry, old: WorkerState, new: WorkerState) -> None:
         if new not in _GONE:
             return
+        for request_id, move in list(self._moves.items()):
+            if move.lease.entry.address == entry.address:  # a target died mid-handshake
+                self.abandon(request_id, f"target {entry.worker_id} is {new.value}")
         for key, waiter in list(self._waiters.items()):
             if waiter.address == entry.address and not waiter.future.done():
                 log.warning(
@@ -184,7 +360,9 @@ class Migrations:
         """The daemon's notices and reports, re-subscribing whenever the stream breaks."""
         while True:
             try:
-                async for event in daemon.watch(on_subscribed=lambda: _subscribed(entry)):
+                async for event in daemon.watch(
+                    on_subscribed=lambda: _subscribed(entry), orchestrates=self.orchestrates
+                ):
                     self._on_event(entry, event)
             except grpc.aio.AioRpcError as exc:
                 log.debug("daemon of %s: %s", entry.worker_id, exc.code().name)
@@ -202,11 +380,10 @@ class Migrations:
         else:
             log.info("worker %s: %s hint from %s", entry.worker_id, event.action, event.source)
 
-    async def _flush(
-        self, entry: WorkerEntry, daemon: DaemonClient, deadline_unix: float, grace: float
-    ) -> None:
+    async def _flush(self, entry: WorkerEntry, daemon: DaemonClient, deadline_unix: float) -> None:
+        timeout = max(0.0, deadline_unix - self._clock()) + FLUSH_WAIT_MARGIN_SECONDS
         try:
-            async for report in daemon.flush(deadline_unix, grace + FLUSH_WAIT_MARGIN_SECONDS):
+            async for report in daemon.flush(deadline_unix, timeout):
                 self.flushed(entry.address, report)
         except grpc.aio.AioRpcError as exc:
             log.warning("flush through the daemon of %s failed: %s", entry.worker_id, exc)
@@ -217,11 +394,22 @@ class Migrations:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        for request_id in list(self._moves):
+            self.abandon(request_id, "the coordinator stops")
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for daemon in self._daemons.values():
             await daemon.close()
+
+
+def _blocks_behind(moving: MovingRequest, move: PreparedMove, source: WorkerEntry) -> int:
+    """Full blocks of the request's context now (the client's tokens tell) not staged yet."""
+    block_tokens = source.capacity.kv_block_tokens if source.capacity else 0
+    if not block_tokens:
+        return 0
+    context = len(moving.request.prompt_token_ids) + moving.delivered_tokens
+    return max(0, context - 1) // block_tokens - move.staged_blocks
 
 
 def _subscribed(entry: WorkerEntry) -> None:

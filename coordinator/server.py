@@ -319,12 +319,15 @@ class Coordinator:
         self.failover = FailoverPolicy.create(
             config.failover_policy, self.admission, self.migrations
         )
+        table = RequestTable(config.retention_seconds)
+        if self.failover.acts_on_notice:
+            self.migrations.enable_staging(self.admission, table.on_worker)
         self.dispatcher = Dispatcher(
             config.coordinator_id,
             self.registry,
             self.admission,
             self.failover,
-            RequestTable(config.retention_seconds),
+            table,
             PromptTokenizer(config.model),
             self.metrics,
             self.records,

@@ -40,6 +40,21 @@ class WorkerCapacity:
     tokens_per_second: float
 
 
+@dataclass(frozen=True)
+class PrefetchResult:
+    """One migration stage on a target worker (Worker.Prefetch)."""
+
+    staged_blocks: int
+    new_blocks: int
+    staged_bytes: int
+    context_tokens: int
+    finished: bool
+
+
+class PrefetchRefused(RuntimeError):
+    """The target will not stage the request (no room, no store, draining, not found)."""
+
+
 class WorkerClient:
     """One channel to one worker. Not thread-safe: use from the coordinator's event loop."""
 
@@ -125,6 +140,34 @@ class WorkerClient:
                 return False
             raise
         return True
+
+    async def prefetch(self, request_id: str, timeout_seconds: float) -> PrefetchResult:
+        """One stage of a staged migration on this worker as the target; raises
+        PrefetchRefused (any answer but OK: the handshake ends there)."""
+        try:
+            msg = await self._stub.Prefetch(
+                worker_pb2.PrefetchRequest(request_id=request_id), timeout=timeout_seconds
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise PrefetchRefused(f"{exc.code().name}: {exc.details()}") from exc
+        return PrefetchResult(
+            staged_blocks=msg.staged_blocks,
+            new_blocks=msg.new_blocks,
+            staged_bytes=msg.staged_bytes,
+            context_tokens=msg.context_tokens,
+            finished=msg.finished,
+        )
+
+    async def drop_prefetch(self, request_id: str) -> int:
+        """Frees what a stage staged here (an aborted handshake); best effort: 0 on error."""
+        try:
+            msg = await self._stub.DropPrefetch(
+                worker_pb2.DropPrefetchRequest(request_id=request_id),
+                timeout=ABORT_TIMEOUT_SECONDS,
+            )
+        except grpc.aio.AioRpcError:
+            return 0
+        return int(msg.dropped_blocks)
 
     async def drain(self, grace_seconds: float) -> int:
         response = await self._stub.Drain(

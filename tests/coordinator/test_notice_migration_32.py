@@ -34,7 +34,7 @@ from tests.support.redis_server import RedisServer
 
 STREAMS = 32
 PROMPT_TOKENS = 40
-MAX_TOKENS = 400
+MAX_TOKENS = 600
 # The notice comes once every stream is past this many tokens: its first KV block is full,
 # so the migration moves full blocks and a partial tail.
 NOTICE_AFTER_TOKENS = 130
@@ -144,6 +144,8 @@ def _check_migrated(traces: list[StreamTrace], references: list[list[int]]) -> N
         assert (event.from_worker, event.to_worker) == (SOURCE, TARGET), rid
         assert event.recomputed_tokens == 0, f"{rid}: recomputed after a notice: {event}"
         assert event.loaded_tokens >= BLOCK_TOKENS, f"{rid}: nothing loaded: {event}"
+        # Staged: the full blocks were on B before A paused (see coordinator/migration.py).
+        assert "blocks prefetched before the pause" in event.detail, f"{rid}: {event}"
         # A's tokens, then B's: the switch happened once, where the client's stream was.
         switch = trace.token_workers.index(TARGET)
         assert set(trace.token_workers[:switch]) == {SOURCE}, rid

@@ -1,0 +1,84 @@
+"""The daemon's hand-off to a coordinator that migrates the requests itself: it waits for
+that coordinator's Flush (up to its share of the time), and flushes on its own otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from context_daemon.config import DaemonConfig
+from context_daemon.daemon import ContextDaemon, Subscribers
+from context_daemon.notices import Notice, NoticeAction
+from context_daemon.notices.file import FileNoticeWatcher
+from context_daemon.worker_link import FlushReport, WorkerLink
+
+
+class RecordingLink(WorkerLink):
+    """The worker's side of Preempt, answered here: one complete report, the call recorded."""
+
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1:1")
+        self.preempts: list[float] = []
+
+    async def preempt(self, deadline_unix: float, now_unix: float) -> AsyncIterator[FlushReport]:
+        self.preempts.append(time.monotonic())
+        yield FlushReport("r1", True, 3, 1, True, 130, "w")
+
+
+def daemon(handoff_seconds: float, orchestrated: bool) -> tuple[ContextDaemon, RecordingLink]:
+    config = DaemonConfig(
+        notice_source="file",
+        notice_file="/nonexistent/notice",
+        worker_address="127.0.0.1:1",
+        handoff_seconds=handoff_seconds,
+    )
+    link = RecordingLink()
+    subscribers = Subscribers()
+    return (
+        ContextDaemon(
+            config,
+            FileNoticeWatcher("/nonexistent/notice"),
+            link,
+            subscribers,
+            orchestrated=lambda: orchestrated,
+        ),
+        link,
+    )
+
+
+def notice(grace: float) -> Notice:
+    now = time.time()
+    return Notice("file", NoticeAction.TERMINATE, now + grace, now)
+
+
+async def test_without_an_orchestrating_subscriber_the_flush_is_immediate() -> None:
+    subject, link = daemon(handoff_seconds=5.0, orchestrated=False)
+    started = time.monotonic()
+    await subject.handle_notice(notice(30))
+    assert len(link.preempts) == 1 and link.preempts[0] - started < 1.0
+
+
+async def test_the_coordinators_flush_within_the_handoff_is_the_only_one() -> None:
+    subject, link = daemon(handoff_seconds=5.0, orchestrated=True)
+    handling = asyncio.ensure_future(subject.handle_notice(notice(30)))
+    await asyncio.sleep(0.2)
+    assert not link.preempts, "the daemon waits for the coordinator"
+    reports = [r async for r in subject.flush(time.time() + 29)]  # the coordinator's Flush
+    await asyncio.wait_for(handling, 2.0)
+    assert [r.request_id for r in reports] == ["r1"] and len(link.preempts) == 1
+
+
+@pytest.mark.parametrize(("grace", "handoff"), [(30.0, 0.3), (0.6, 10.0)])
+async def test_without_the_coordinators_flush_the_daemon_flushes_after_its_share(
+    grace: float, handoff: float
+) -> None:
+    subject, link = daemon(handoff_seconds=handoff, orchestrated=True)
+    started = time.monotonic()
+    await subject.handle_notice(notice(grace))
+    waited = link.preempts[0] - started
+    # The hand-off time, or half of what was left when that is shorter.
+    assert len(link.preempts) == 1
+    assert min(handoff, grace / 2) - 0.05 <= waited < min(handoff, grace / 2) + 2.0
