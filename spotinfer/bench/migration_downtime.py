@@ -10,8 +10,9 @@ bfloat16, eager KV persistence) with its context daemon, the standby worker B (k
 across samples) with its daemon, and a coordinator (`--failover-policy resume`) that knows
 both daemons. A client streams one greedy request through the coordinator's gRPC front with a
 prompt of C - 32 real tokens; once it has received 32 tokens (the context is C), the drill
-calls `Control.InjectNotice` for A: the coordinator asks A's daemon to flush, A pauses the
-request and persists it, and the coordinator resumes it on B from the client's next index.
+calls `Control.InjectNotice` for A: the coordinator stages the request on B (B prefetches its
+persisted blocks while A still decodes), then asks A's daemon to flush, A pauses the request
+and persists its tail, and the coordinator resumes it on B from the client's next index.
 
 Measured on the client (per token arrival times, `time.time()`):
 
@@ -23,7 +24,8 @@ and, from the logs of the coordinator (the line it writes when the flush report 
 and it calls Worker.Resume), where the gap goes: ``pause_ms`` (last A token -> the NOTICE
 event that ends A's stream), ``flush_wait_ms`` (NOTICE event -> flush report at the
 coordinator), ``resume_ms`` (Resume call -> first token from B: record read, block loads,
-one step). Medians over repeats; targets: 4k / 256 <= 1.5 and gap <= 3 decode steps.
+one step); and ``staging_ms`` (the stages before the pause, while A decodes: not downtime) with
+``staged_blocks``. Medians over repeats; targets: 4k / 256 <= 1.5 and gap <= 3 decode steps.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ TOKENS_AFTER_NOTICE = 32
 NOTICE_GRACE_SECONDS = 30.0
 STREAM_TIMEOUT_SECONDS = 600.0
 READY_TIMEOUT_SECONDS = 120.0
+_STAGED = re.compile(r"(\d+) blocks prefetched before the pause")
+_STAGING_TIME = re.compile(r"staged on their targets in (\d+) ms")
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -230,7 +234,22 @@ def _measure(
         "migrated_event_to_first_token_ms": (first_b - migrated_at) * 1000,
         "loaded_tokens": migrated.loaded_tokens,
         "recomputed_tokens": migrated.recomputed_tokens,
+        "staged_blocks": _staged_blocks(migrated.detail),
+        "staging_ms": _staging_ms(coordinator),
     }
+
+
+def _staged_blocks(detail: str) -> int:
+    """Blocks the standby prefetched before the pause (the MIGRATED event says)."""
+    match = _STAGED.search(detail)
+    return int(match.group(1)) if match else 0
+
+
+def _staging_ms(coordinator: CoordinatorProcess) -> float:
+    """How long the stages before the pause took (the coordinator's log line); the source
+    decodes all the while, so this is not downtime."""
+    match = _STAGING_TIME.search(coordinator.output)
+    return float(match.group(1)) if match else 0.0
 
 
 def _wait_watched(coordinator: CoordinatorProcess) -> None:
@@ -257,6 +276,8 @@ def summarize(samples: list[dict[str, Any]], contexts: list[int]) -> list[dict[s
             "pause_ms",
             "flush_wait_ms",
             "resume_ms",
+            "staging_ms",
+            "staged_blocks",
         ):
             row[f"{name}_median"] = statistics.median(s[name] for s in mine)
         row["recomputed_tokens"] = [s["recomputed_tokens"] for s in mine]
