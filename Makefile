@@ -55,7 +55,7 @@ demo: setup model
 	$(BIN)/spotinfer demo
 
 test: setup
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 lint: setup
 	$(BIN)/ruff check .
