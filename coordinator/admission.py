@@ -205,6 +205,12 @@ class Admission:
                     queue.popleft()
                     continue
                 lease = self._place(ticket.request)
+                if lease is None and not self._registry.routable():
+                    # Every worker is gone but requests wait: a standby that became ready
+                    # since is theirs (standbys are only kept back while others serve).
+                    promoted = self._pool.promote_one()
+                    if promoted is not None:
+                        lease = self._lease(ticket.request, promoted)
                 if lease is None:
                     break
                 queue.popleft()

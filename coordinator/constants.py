@@ -55,7 +55,9 @@ DAEMON_RESUBSCRIBE_SECONDS = 1.0
 # noticed worker's requests may take at most this long, and at most this share of the time
 # left (below the daemon's hand-off share, so that the coordinator's Flush comes first).
 STAGING_MAX_SECONDS = 8.0
-STAGING_MAX_SHARE = 0.4
+STAGING_MAX_SHARE = 0.25
+# With less time than this left, nothing is staged: the flush gets all of it.
+STAGING_MIN_LEFT_SECONDS = 10.0
 # Stages per request: the first copies every persisted block, each next one what the source
 # filled meanwhile; staging stops as soon as no full block is left unstaged (the pause then
 # moves only the partial block and the newest tokens).

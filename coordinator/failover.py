@@ -20,6 +20,7 @@ Policies register by name (`--failover-policy`):
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import logging
@@ -27,6 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from context_daemon.store import RedisStore, StoreUnavailable
 from coordinator.admission import Admission, Lease
 from coordinator.errors import NothingPersisted, RequestLost
 from coordinator.migration import Migrations
@@ -76,9 +78,15 @@ class FailoverPolicy:
         cls.name = name
         FailoverPolicy._by_name[name] = cls
 
-    def __init__(self, admission: Admission, migrations: Migrations | None = None) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        migrations: Migrations | None = None,
+        store: RedisStore | None = None,
+    ) -> None:
         self._admission = admission
         self._migrations = migrations
+        self._store = store
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -86,7 +94,11 @@ class FailoverPolicy:
 
     @classmethod
     def create(
-        cls, name: str, admission: Admission, migrations: Migrations | None = None
+        cls,
+        name: str,
+        admission: Admission,
+        migrations: Migrations | None = None,
+        store: RedisStore | None = None,
     ) -> FailoverPolicy:
         try:
             policy_class = cls._by_name[name]
@@ -94,7 +106,7 @@ class FailoverPolicy:
             raise ValueError(
                 f"unknown failover policy {name!r}; known: {', '.join(cls.names())}"
             ) from None
-        return policy_class(admission, migrations)
+        return policy_class(admission, migrations, store)
 
     async def take_over(
         self,
@@ -220,6 +232,10 @@ async def _resume_or_start(
 
 
 class RerouteFromScratch(FailoverPolicy, name="reroute"):
+    async def _forget(self, request_id: str) -> None:
+        if self._store is not None:
+            await _forget_in(self._store, request_id)
+
     """The baseline other stacks give: an interrupted request starts again from its prompt
     on another worker (what a client retry does), recomputing everything; the relay drops
     the tokens the client already has. Notices are not acted on."""
@@ -239,8 +255,11 @@ class RerouteFromScratch(FailoverPolicy, name="reroute"):
         ticket = self._admission.requeue(request, frozenset({lost.entry.address}))
         lease = await self._admission.wait(ticket)
         # A fresh id on the worker: the interrupted attempt may have left state under the
-        # old one, and a restart must not pick it up.
+        # old one, and a restart must not pick it up. That state is dropped: nothing will
+        # ever resume it (it would otherwise stay in Redis until its TTL).
         restarted = dataclasses.replace(request, request_id=f"{request.request_id}.r{attempt}")
+        interrupted = request.request_id if attempt == 1 else f"{request.request_id}.r{attempt - 1}"
+        await self._forget(interrupted)
         log.warning(
             "request %s: %s on %s; restarting from scratch on %s",
             request.request_id,
@@ -251,6 +270,13 @@ class RerouteFromScratch(FailoverPolicy, name="reroute"):
         return Takeover(
             lease, _restart(lease, restarted, request.request_id, delivered_tokens, why)
         )
+
+
+async def _forget_in(store: RedisStore, request_id: str) -> None:
+    try:
+        await asyncio.to_thread(store.delete_request, request_id)
+    except StoreUnavailable as exc:
+        log.warning("request %s: its abandoned state stays in Redis (%s)", request_id, exc)
 
 
 async def _restart(

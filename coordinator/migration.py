@@ -54,6 +54,7 @@ from coordinator.constants import (
     STAGING_MAX_SECONDS,
     STAGING_MAX_SHARE,
     STAGING_MAX_STAGES,
+    STAGING_MIN_LEFT_SECONDS,
 )
 from coordinator.daemon_client import DaemonClient, DaemonEvent
 from coordinator.registry import Registry, WorkerEntry, WorkerState
@@ -191,6 +192,8 @@ class Migrations:
             )
             left = deadline - self._clock()
             budget = min(STAGING_MAX_SECONDS, STAGING_MAX_SHARE * left)
+            if left < STAGING_MIN_LEFT_SECONDS:
+                budget = 0.0  # a short notice: the flush needs all of it
             moving = [m for m in self._requests_on(entry.address) if not m.finished]
             if moving and budget > 0:
                 started = time.monotonic()
@@ -340,6 +343,8 @@ class Migrations:
 
     def _on_worker_state(self, entry: WorkerEntry, old: WorkerState, new: WorkerState) -> None:
         if new not in _GONE:
+            if old in _GONE:  # back after all: listen to its daemon again
+                self.watch(entry)
             return
         for request_id, move in list(self._moves.items()):
             if move.lease.entry.address == entry.address:  # a target died mid-handshake
@@ -369,6 +374,10 @@ class Migrations:
             except Exception:  # the subscription must outlive any one bad event
                 log.exception("daemon subscription of %s failed", entry.worker_id)
             entry.notices_watched = False
+            if entry.state in _GONE:  # its worker is gone: so is the reason to listen
+                self._daemons.pop(entry.address, None)
+                await daemon.close()
+                return
             await asyncio.sleep(DAEMON_RESUBSCRIBE_SECONDS)
 
     def _on_event(self, entry: WorkerEntry, event: DaemonEvent) -> None:

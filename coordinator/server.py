@@ -317,7 +317,10 @@ class Coordinator:
         )
         self.migrations = Migrations(self.registry)
         self.failover = FailoverPolicy.create(
-            config.failover_policy, self.admission, self.migrations
+            config.failover_policy,
+            self.admission,
+            self.migrations,
+            RedisStore.from_url(config.redis_url) if config.redis_url else None,
         )
         table = RequestTable(config.retention_seconds)
         if self.failover.acts_on_notice:
