@@ -22,7 +22,7 @@ import grpc
 
 from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc, worker_pb2_grpc
 
-REATTACH_ATTEMPTS = 40
+REATTACH_ATTEMPTS = 40  # broken streams picked up again, per request
 REATTACH_BACKOFF_SECONDS = 0.5
 
 
@@ -100,6 +100,7 @@ class RequestTrace:
     duplicates: int = 0
     gaps: int = 0
     reattached: int = 0  # times the stream broke and was picked up with Attach
+    resubmitted: int = 0  # times Generate was sent again: no coordinator knew the request
 
     @property
     def ok(self) -> bool:
@@ -216,6 +217,30 @@ async def run_load(
         return list(await asyncio.gather(*(one(r) for r in planned)))
 
 
+class NextCall(str, enum.Enum):
+    """What a client of the public service does after its call failed."""
+
+    ATTACH = "attach"  # pick the stream up again where it was
+    GENERATE = "generate"  # send the request again, under the same id
+    GIVE_UP = "give_up"
+
+
+def next_call(code: grpc.StatusCode, was_attach: bool, tokens_received: int) -> NextCall:
+    """The client's retry rule, as `spotinfer.client` applies it, plus one case:
+
+    UNAVAILABLE (the stream broke, the coordinator is restarting, or no worker could take
+    the request yet) ─▶ Attach from the next index. Attach answering NOT_FOUND before any
+    token ─▶ Generate again: no coordinator nor worker knows the request (it was refused,
+    or its coordinator died before it reached a worker), and its id makes a second
+    Generate safe — a coordinator that has it attaches instead of starting it twice.
+    """
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return NextCall.ATTACH
+    if code == grpc.StatusCode.NOT_FOUND and was_attach and tokens_received == 0:
+        return NextCall.GENERATE
+    return NextCall.GIVE_UP
+
+
 async def _stream_one(
     stub: object,
     request: PlannedRequest,
@@ -239,31 +264,37 @@ async def _stream_one(
     if on_start is not None:
         on_start(trace)  # lets a drill watch the stream while it runs
     stream = stub.Generate(message, timeout=timeout_seconds)  # type: ignore[attr-defined]
-    reattached = 0
+    was_attach = False
+    retries = 0
     while True:
         try:
             async for response in stream:
                 _record(trace, response, time.perf_counter())
             return trace
         except grpc.aio.AioRpcError as exc:
-            # A client of the public service picks a broken stream up again where it was,
-            # as `spotinfer.client` does; a worker has no Attach.
-            if (
-                not isinstance(stub, inference_pb2_grpc.InferenceStub)
-                or exc.code() != grpc.StatusCode.UNAVAILABLE
-                or reattached >= REATTACH_ATTEMPTS
-            ):
+            # A worker has no Attach: only a client of the public service retries.
+            action = (
+                next_call(exc.code(), was_attach, len(trace.token_ids))
+                if isinstance(stub, inference_pb2_grpc.InferenceStub)
+                else NextCall.GIVE_UP
+            )
+            if action == NextCall.GIVE_UP or retries >= REATTACH_ATTEMPTS:
                 trace.error_code = exc.code().name
                 return trace
-        reattached += 1
-        trace.reattached = reattached
+        retries += 1
         await asyncio.sleep(REATTACH_BACKOFF_SECONDS)
-        stream = stub.Attach(
-            inference_pb2.AttachRequest(
-                request_id=request.request_id, from_index=len(trace.token_ids)
-            ),
-            timeout=timeout_seconds,
-        )
+        was_attach = action == NextCall.ATTACH
+        if was_attach:
+            trace.reattached += 1
+            stream = stub.Attach(  # type: ignore[attr-defined]
+                inference_pb2.AttachRequest(
+                    request_id=request.request_id, from_index=len(trace.token_ids)
+                ),
+                timeout=timeout_seconds,
+            )
+        else:
+            trace.resubmitted += 1
+            stream = stub.Generate(message, timeout=timeout_seconds)  # type: ignore[attr-defined]
 
 
 def _record(trace: RequestTrace, response: common_pb2.GenerateResponse, now: float) -> None:

@@ -58,6 +58,13 @@ def register(subparsers: Any) -> None:
     drill.add_argument("--grace-seconds", type=float, default=None)
     drill.add_argument("--interval", type=float, default=30.0, help="rolling: seconds")
     drill.add_argument("--duration", type=float, default=300.0, help="rolling: seconds")
+    drill.add_argument(
+        "--first-notice",
+        type=float,
+        default=None,
+        help="rolling: seconds after the load starts (default: once requests are mid-stream)",
+    )
+    drill.add_argument("--seed", type=int, default=0, help="the planned load's seed")
     drill.add_argument("--trace", type=Path, default=None, help="trace: SpotServe-format file")
     drill.add_argument("--json", type=Path, default=None, help="write the report here")
     drill.add_argument("--png", type=Path, default=Path("drill-timeline.png"))
@@ -206,6 +213,8 @@ def run_drill_command(args: argparse.Namespace) -> int:
         interval_seconds=args.interval,
         duration_seconds=args.duration,
         trace_file=args.trace,
+        first_disturbance_seconds=args.first_notice,
+        seed=args.seed,
     )
     args.standbys = standbys
     config = _config(

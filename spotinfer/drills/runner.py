@@ -23,6 +23,7 @@ from spotinfer.loadgen import LoadSpec, PlannedRequest, RequestTrace, plan_reque
 
 LEAK_WAIT_SECONDS = 20.0
 KV_BLOCK_TOKENS_CPU = 128
+PREEMPTION_EVENTS = frozenset({"notice", "kill"})  # a node taken away, noticed or not
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class DrillOptions:
     interval_seconds: float = 30.0
     duration_seconds: float = 300.0
     trace_file: Path | None = None
+    first_disturbance_seconds: float | None = None  # rolling; None: once mid-stream
     seed: int = 0
     block_tokens: int = KV_BLOCK_TOKENS_CPU
     ignore_eos: bool = True  # fixed lengths for load; real answers stop at EOS
@@ -50,7 +52,9 @@ class DrillOutcome:
     png: Path | None = None
 
 
-def plan(options: DrillOptions, vocab_size: int) -> list[PlannedRequest]:
+def plan(options: DrillOptions, vocab_size: int, prefix: str = "") -> list[PlannedRequest]:
+    """The drill's requests, the same for the same options (seeded); ids start with `prefix`
+    (default: the scenario and the time, unique per drill)."""
     spec = LoadSpec(
         num_requests=options.requests,
         rate_per_second=options.rate_per_second,
@@ -59,7 +63,7 @@ def plan(options: DrillOptions, vocab_size: int) -> list[PlannedRequest]:
         vocab_high=vocab_size,
         seed=options.seed,
     )
-    return plan_requests(spec, prefix=f"drill-{options.scenario}-{int(time.time())}")
+    return plan_requests(spec, prefix=prefix or f"drill-{options.scenario}-{int(time.time())}")
 
 
 def run_drill(
@@ -68,7 +72,9 @@ def run_drill(
     planned: Sequence[PlannedRequest],
     png: Path | None = None,
     say: Callable[[str], None] = print,
+    on_done: Callable[[RequestTrace], None] | None = None,
 ) -> DrillOutcome:
+    """`on_done` is told of each request as it completes (a progress display)."""
     from spotinfer.local.cluster import LocalCluster
 
     assert isinstance(cluster, LocalCluster)
@@ -80,6 +86,7 @@ def run_drill(
         interval_seconds=options.interval_seconds,
         duration_seconds=options.duration_seconds,
         trace_file=options.trace_file,
+        first_disturbance_seconds=options.first_disturbance_seconds,
         say=say,
     )
     traces: list[RequestTrace] = []
@@ -95,6 +102,7 @@ def run_drill(
                         service="inference",
                         ignore_eos=options.ignore_eos,
                         on_start=ctx.live.append,
+                        on_done=on_done,
                     )
                 )
             )
@@ -109,10 +117,12 @@ def run_drill(
 
     load_thread = threading.Thread(target=load, name="drill-load")
     disturb_thread = threading.Thread(target=disturb, name="drill-scenario", daemon=True)
+    ctx.load_started = time.monotonic()  # the scenario's schedule counts from here
     load_thread.start()
     disturb_thread.start()
     load_thread.join()
     disturb_thread.join(timeout=60)
+    failure.extend(ctx.failures)
     if failure:
         raise failure[0]
     say(f"{len(traces)} request(s) done; computing reference outputs on an undisturbed worker")
@@ -127,6 +137,8 @@ def run_drill(
         block_tokens=options.block_tokens,
         expect_zero_recompute=scenario.expect_zero_recompute
         and cluster.config.policy == "spotinfer",
+        bounded_recompute=cluster.config.policy == "spotinfer",
+        preemptions=sum(1 for e in cluster.events if e.kind in PREEMPTION_EVENTS),
     )
     if options.time_scale != 1.0:
         report.notes.append(f"time scaled ×{options.time_scale:g} (grace periods too)")
@@ -149,6 +161,8 @@ def reference_outputs(
     if not serving:
         cluster.add_standby()
         serving = cluster.active_nodes()
+    if not serving:
+        raise RuntimeError("no worker left to compute the reference outputs on")
     reference_plan = [
         PlannedRequest(
             request_id=f"ref-{p.request_id}",

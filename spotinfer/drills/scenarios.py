@@ -2,14 +2,21 @@
 
 A scenario runs in its own thread beside the load; it sees the live traces (to act once
 requests are mid-stream) and acts through the cluster, which records every disturbance.
+
+Scheduled scenarios (rolling, trace) keep their clock from the moment the load starts, so
+two drills on the same planned load see the same disturbances at the same offsets:
+
+    load start ── first ──▶ notice ── interval ──▶ notice ── interval ──▶ …   (rolling)
+    load start ──────── trace time × time_scale ──▶ add / remove …           (trace)
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,6 +37,12 @@ class DrillContext:
     interval_seconds: float = 30.0  # rolling: a preemption every this many seconds
     duration_seconds: float = 300.0  # rolling: for this long
     trace_file: Path | None = None
+    # rolling: the first notice this long after the load starts; None: once requests are
+    # mid-stream (a fixed offset gives two drills the same schedule)
+    first_disturbance_seconds: float | None = None
+    load_started: float = field(default_factory=time.monotonic)  # time.monotonic()
+    # errors of background work (nodes joining); the runner raises the first after the load
+    failures: list[BaseException] = field(default_factory=list)
     say: Any = print
 
     def wait_mid_stream(self, fraction: float = 0.5, tokens: int = MID_STREAM_TOKENS) -> None:
@@ -41,6 +54,25 @@ class DrillContext:
             if started and len(moving) >= fraction * len(started):
                 return
             time.sleep(0.05)
+
+    def wait_until(self, offset_seconds: float) -> bool:
+        """Sleeps until `offset_seconds` after the load started; False if the load ended."""
+        remaining = self.load_started + offset_seconds - time.monotonic()
+        return not self.done.wait(max(0.0, remaining))
+
+    def in_background(self, work: Callable[..., object], *args: Any) -> None:
+        """Runs `work(*args)` on a daemon thread (a VM booting does not stop the clock);
+        an error is kept for the runner to raise."""
+
+        def run() -> None:
+            try:
+                work(*args)
+            except BaseException as exc:
+                self.failures.append(exc)
+
+        threading.Thread(
+            target=run, name=f"drill-{getattr(work, '__name__', 'work')}", daemon=True
+        ).start()
 
     def scaled_grace(self) -> float:
         grace = (
@@ -127,22 +159,36 @@ class CoordinatorRestart(Scenario, name="coordinator-restart"):
 
 
 class Rolling(Scenario, name="rolling"):
-    """A preemption every `interval` seconds for `duration`; each lost node is replaced by a
-    new standby, as a spot fleet's autoscaler would."""
+    """A preemption every `interval` seconds for `duration`, from the first one on (see
+    `rolling_schedule`); each lost node is replaced by a new standby, as a spot fleet's
+    autoscaler would. The replacement boots in the background: the cadence never waits for
+    it, so an interval shorter than a boot drains the cluster (as it would a real fleet)."""
 
     expect_zero_recompute = True
 
     def disturb(self, ctx: DrillContext) -> None:
-        ctx.wait_mid_stream(fraction=0.1)
-        end = time.monotonic() + ctx.duration_seconds
-        while time.monotonic() < end and not ctx.done.is_set():
-            active = ctx.cluster.active_nodes()
-            if active:
-                ctx.preempt_then_terminate([active[0].name])
-                # The replacement loads in the background, as a new spot VM boots: the next
-                # preemption keeps its cadence.
-                threading.Thread(target=ctx.cluster.add_standby, daemon=True).start()
-            ctx.done.wait(ctx.interval_seconds)
+        if ctx.first_disturbance_seconds is None:
+            ctx.wait_mid_stream(fraction=0.1)
+            first = time.monotonic() - ctx.load_started
+        else:
+            first = ctx.first_disturbance_seconds
+        for offset in rolling_schedule(first, ctx.interval_seconds, ctx.duration_seconds):
+            if not ctx.wait_until(offset):
+                return
+            serving = ctx.cluster.active_nodes()
+            if serving:
+                ctx.preempt_then_terminate([serving[0].name])
+                ctx.in_background(ctx.cluster.add_standby)
+            else:
+                ctx.say(f"no serving node to preempt at {offset:.0f} s")
+
+
+def rolling_schedule(first: float, interval: float, duration: float) -> list[float]:
+    """Offsets from the load start: `first`, then every `interval` while < first + duration."""
+    if interval <= 0:
+        raise ValueError("the rolling interval must be positive")
+    count = max(1, math.ceil(duration / interval))
+    return [first + k * interval for k in range(count)]
 
 
 class Storm(Scenario, name="storm"):
@@ -167,15 +213,10 @@ class Trace(Scenario, name="trace"):
     def disturb(self, ctx: DrillContext) -> None:
         if ctx.trace_file is None:
             raise ValueError("the trace scenario needs --trace FILE")
-        entries = [
-            json.loads(line) for line in ctx.trace_file.read_text().splitlines() if line.strip()
-        ]
-        start = time.monotonic()
         known: dict[str, str] = {}  # trace node name → cluster node name
         first_add = True
-        for when_ms, action, payload in entries:
-            ctx.done.wait(max(0.0, start + when_ms / 1000 * ctx.time_scale - time.monotonic()))
-            if ctx.done.is_set() or action == "DONE":
+        for when_ms, action, payload in read_trace(ctx.trace_file):
+            if not ctx.wait_until(when_ms / 1000 * ctx.time_scale) or action == "DONE":
                 return
             if action == "add" and first_add:
                 # The cluster's initial nodes stand for the trace's first nodes.
@@ -185,9 +226,7 @@ class Trace(Scenario, name="trace"):
             elif action == "add":
                 # New VMs boot in the background; the trace's clock does not wait for them.
                 for trace_name in payload["nodes"]:
-                    threading.Thread(
-                        target=_join, args=(ctx, known, trace_name), daemon=True
-                    ).start()
+                    ctx.in_background(_join, ctx, known, trace_name)
             elif action == "remove":
                 # A removed trace node we map preempts its node; one we don't (the trace has
                 # more nodes than this cluster) preempts another serving node instead, so
@@ -204,5 +243,22 @@ class Trace(Scenario, name="trace"):
                     ctx.preempt_then_terminate(chosen)
 
 
+def read_trace(path: Path) -> list[tuple[int, str, dict[str, Any]]]:
+    """A SpotServe-format trace: one `[time_ms, action, {"nodes": [...]}]` per line."""
+    entries = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            when_ms, action, payload = json.loads(line)
+            entries.append((int(when_ms), str(action), payload))
+    return entries
+
+
+def trace_span_seconds(path: Path) -> float:
+    """Where the trace ends (its DONE, else its last entry), in trace seconds."""
+    return max((when_ms for when_ms, _, _ in read_trace(path)), default=0) / 1000
+
+
 def _join(ctx: DrillContext, known: dict[str, str], trace_name: str) -> None:
-    known[trace_name] = ctx.cluster.add_standby().name
+    node = ctx.cluster.add_standby()
+    if node is not None:  # None: the drill ended while it booted
+        known[trace_name] = node.name

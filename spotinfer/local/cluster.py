@@ -93,6 +93,8 @@ class LocalCluster:
         self.events: list[ClusterEvent] = []
         self._lock = threading.Lock()
         self._next_node = 0
+        self._coordinator_starts = 0
+        self._loading: list[Node] = []  # nodes whose worker is still loading
         self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -112,7 +114,7 @@ class LocalCluster:
             raise
         return self
 
-    def _start_coordinator(self) -> None:
+    def _start_coordinator(self, port: int | None = None, http_port: int | None = None) -> None:
         from coordinator.local_process import CoordinatorProcess
 
         flags = (
@@ -121,17 +123,31 @@ class LocalCluster:
             *("--failover-policy", FAILOVER_BY_POLICY[self.config.policy]),
             *self.config.coordinator_flags,
         )
+        # A restarted coordinator keeps its port, so its log (named by port) would overwrite
+        # the log of the one that died: each start logs in a folder of its own.
+        log_dir = self.config.log_dir
+        if self._coordinator_starts:
+            log_dir = log_dir / f"coordinator-start-{self._coordinator_starts}"
+            log_dir.mkdir(parents=True, exist_ok=True)
+        self._coordinator_starts += 1
         self.coordinator = CoordinatorProcess(
             *flags,
-            log_dir=self.config.log_dir,
-            port=self.config.port or None,
-            http_port=self.config.http_port or None,
+            log_dir=log_dir,
+            port=port or self.config.port or None,
+            http_port=http_port or self.config.http_port or None,
         ).start()
         self._say(f"coordinator at {self.coordinator.address} (HTTP {self.coordinator.http_url})")
 
-    def _start_nodes(self, names_and_roles: list[tuple[str, str]]) -> None:
-        """Workers load in parallel (the slow part), then daemons, then registration."""
+    def _start_nodes(self, names_and_roles: list[tuple[str, str]]) -> list[Node]:
+        """Workers load in parallel (the slow part), then daemons, then registration. Returns
+        the nodes that joined: none when the cluster was stopped while they loaded."""
         nodes = [self._new_node(name, role) for name, role in names_and_roles]
+        with self._lock:
+            if self._stopped:
+                for node in nodes:
+                    node.metadata.__exit__(None, None, None)
+                return []
+            self._loading.extend(nodes)
         errors: list[BaseException] = []
 
         def load(node: Node) -> None:
@@ -146,19 +162,28 @@ class LocalCluster:
         for thread in threads:
             thread.join()
         with self._lock:
-            if self._stopped:  # stopped while these loaded (a drill's replacement node)
-                for node in nodes:
-                    node.worker.stop()
-                    node.metadata.__exit__(None, None, None)
-                return
             for node in nodes:
-                self.nodes[node.name] = node
+                self._loading.remove(node)
+            stopped = self._stopped
+            if not stopped:
+                self.nodes.update((node.name, node) for node in nodes)
+        if stopped:  # stopped while these loaded (a drill's replacement node)
+            for node in nodes:
+                node.worker.stop()
+                node.metadata.__exit__(None, None, None)
+            return []
         if errors:
             raise errors[0]
         for node in nodes:
             node.daemon = self._daemon_for(node).start()
+            with self._lock:
+                stopped = self._stopped
+            if stopped:  # `stop` may have passed this node before its daemon existed
+                node.daemon.stop()
+                return []
             self._register(node)
             self._say(f"{node.name} ({node.role}) ready: worker {node.worker.address}")
+        return nodes
 
     def _new_name(self) -> str:
         with self._lock:
@@ -207,14 +232,23 @@ class LocalCluster:
         self.coordinator.control.RegisterWorker(request, timeout=10)
 
     def stop(self) -> None:
-        """Everything we started goes, children included; safe to call twice."""
+        """Everything we started goes, children included (workers still loading too: their
+        loader thread dies with the caller, the process would not); safe to call twice."""
         with self._lock:
             self._stopped = True
-        for node in list(self.nodes.values()):
-            if node.daemon is not None:
-                node.daemon.stop()
-            node.worker.stop()
-            node.metadata.__exit__(None, None, None)
+            loading = list(self._loading)
+        for node in loading:
+            if node.worker.process is not None:
+                node.worker.kill()
+        # In parallel: each worker drains on SIGTERM, and a drill leaves a dozen of them.
+        stopping = [
+            threading.Thread(target=self._stop_node, args=(node,))
+            for node in list(self.nodes.values())
+        ]
+        for thread in stopping:
+            thread.start()
+        for thread in stopping:
+            thread.join()
         self.nodes.clear()
         if self.coordinator is not None:
             self.coordinator.stop()
@@ -222,6 +256,13 @@ class LocalCluster:
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+
+    @staticmethod
+    def _stop_node(node: Node) -> None:
+        if node.daemon is not None:
+            node.daemon.stop()
+        node.worker.stop()
+        node.metadata.__exit__(None, None, None)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -235,9 +276,27 @@ class LocalCluster:
         self.events.append(ClusterEvent(time.perf_counter(), kind, target, detail))
 
     def active_nodes(self) -> list[Node]:
-        """Nodes that can serve (alive, not under a notice): active ones first."""
+        """Nodes that can serve (alive, not under a notice): active ones first — as the
+        coordinator sees them, since it promotes standbys by itself — then standbys."""
         serving = [n for n in list(self.nodes.values()) if n.alive and n.role != "preempted"]
-        return sorted(serving, key=lambda n: n.role != "active")
+        active = self._active_worker_ids()
+        if active is None:  # the coordinator does not answer (restarting): our own roles
+            return sorted(serving, key=lambda n: n.role != "active")
+        return sorted(serving, key=lambda n: n.name not in active)
+
+    def _active_worker_ids(self) -> set[str] | None:
+        import grpc
+
+        from protos.spotinfer.v1 import control_pb2
+
+        coordinator = self.coordinator
+        if coordinator is None:
+            return None
+        try:
+            listing = coordinator.control.ListWorkers(control_pb2.ListWorkersRequest(), timeout=5)
+        except (grpc.RpcError, ValueError):  # ValueError: its channel closed (a restart)
+            return None
+        return {w.worker_id for w in listing.workers if w.role == control_pb2.WORKER_ROLE_ACTIVE}
 
     def preempt(self, name: str, grace_seconds: float | None = None) -> None:
         """The cloud's termination notice for `name`, in the cloud's own format."""
@@ -248,8 +307,11 @@ class LocalCluster:
         self._record("notice", name, f"{self.config.cloud}, {grace:g} s")
 
     def terminate(self, name: str) -> None:
-        """The end of a grace period (or an unannounced loss): the VM is gone."""
-        node = self.nodes[name]
+        """The end of a grace period (or an unannounced loss): the VM is gone. A no-op once
+        the cluster is stopped (a grace timer may outlive the drill)."""
+        node = self.nodes.get(name)
+        if node is None or not node.alive:
+            return
         node.worker.kill()
         if node.daemon is not None:
             node.daemon.stop(timeout=1)
@@ -268,28 +330,19 @@ class LocalCluster:
         self.redis.start()
 
     def restart_coordinator(self, down_seconds: float = 1.0) -> None:
-        from coordinator.local_process import CoordinatorProcess
-
         self._record("coordinator-restart")
         port, http_port = self.coordinator.port, self.coordinator.http_port
         self.coordinator.kill()
         time.sleep(down_seconds)
-        flags = (
-            *("--model", self.config.model),
-            *("--redis-url", self.redis_url),
-            *("--failover-policy", FAILOVER_BY_POLICY[self.config.policy]),
-            *self.config.coordinator_flags,
-        )
-        self.coordinator = CoordinatorProcess(
-            *flags, log_dir=self.config.log_dir, port=port, http_port=http_port
-        ).start()
-        for node in self.nodes.values():
+        self._start_coordinator(port, http_port)
+        for node in list(self.nodes.values()):
             if node.alive:
                 self._register(node)
 
-    def add_standby(self) -> Node:
-        """A new node joins (a spot VM became available): it loads and waits as a standby."""
+    def add_standby(self) -> Node | None:
+        """A new node joins (a spot VM became available): it loads and waits as a standby.
+        None when the cluster was stopped before it was ready."""
         name = self._new_name()
         self._record("join", name)
-        self._start_nodes([(name, "standby")])
-        return self.nodes[name]
+        joined = self._start_nodes([(name, "standby")])
+        return joined[0] if joined else None
