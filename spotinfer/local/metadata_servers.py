@@ -54,12 +54,15 @@ class MetadataServer:
                 with owner.lock:
                     owner.requests.append(seen)
                 status, headers, body = owner.handle(seen)
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the watcher hung up (its daemon stopped): nobody left to answer
 
             do_GET = do_PUT = do_POST = _dispatch  # noqa: N815
 
