@@ -80,9 +80,7 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
     ) -> AsyncIterator[daemon_pb2.NoticeEvent]:
         # Headers go out at once, so a subscriber knows it is registered before any notice.
         await context.send_initial_metadata(())
-        async for event in self._subscribers.stream(
-            orchestrates=request.orchestrates_migration
-        ):
+        async for event in self._subscribers.stream(orchestrates=request.orchestrates_migration):
             yield event_to_proto(event, self._daemon.config.daemon_id)
 
     async def CommitTokens(  # noqa: N802
