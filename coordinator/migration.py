@@ -278,20 +278,21 @@ class Migrations:
             return None
         entry = move.lease.entry
         if entry.state in _GONE or entry.orchestrated_state == WorkerState.PREEMPTED:
-            self._moves[request_id] = move
-            self.abandon(request_id, f"target {entry.worker_id} is no longer available")
+            self._free(move, f"target {entry.worker_id} is no longer available")
             return None
         return move.lease
 
     def abandon(self, request_id: str, why: str) -> None:
         """Aborts a handshake: frees the reservation and the staged blocks (idempotent)."""
         move = self._moves.pop(request_id, None)
-        if move is None:
-            return
-        log.info("request %s: staged migration aborted (%s)", request_id, why)
+        if move is not None:
+            self._free(move, why)
+
+    def _free(self, move: PreparedMove, why: str) -> None:
+        log.info("request %s: staged migration aborted (%s)", move.request_id, why)
         move.lease.release()
-        if move.staged_blocks or move.stages:
-            self._spawn(self._drop(move), f"drop-{request_id}")
+        if move.stages:
+            self._spawn(self._drop(move), f"drop-{move.request_id}")
 
     async def _drop(self, move: PreparedMove) -> None:
         await move.lease.entry.client.drop_prefetch(move.request_id)

@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from context_daemon.store import RedisStore, block_hashes
-from context_daemon.store import RequestNotFound as StoreRequestNotFound
-from worker.errors import CannotResume, RecordNotFound
 from worker.kv_staging import StagingArea
+from worker.resume_point import read_stored_point
 
 
 @dataclass(frozen=True)
@@ -37,21 +36,11 @@ def prefetch_stage(
 ) -> PrefetchOutcome:
     """Stages the full blocks of ``request_id`` the store holds and staging does not (blocking:
     call on a thread). Raises RecordNotFound, CannotResume, StagingFull, StoreUnavailable."""
-    try:
-        record = store.get_request(request_id)
-        committed = store.committed_tokens(request_id)
-    except StoreRequestNotFound as exc:
-        raise RecordNotFound(request_id) from exc
-    context_tokens = len(record.prompt_token_ids) + len(committed)
-    if record.status.is_terminal:
+    point = read_stored_point(store, request_id, model_fingerprint)
+    context = list(point.engine_prompt)
+    if point.record.status.is_terminal:
         staging.drop(request_id)
-        return PrefetchOutcome(0, 0, 0, context_tokens, finished=True)
-    if record.model_fingerprint != model_fingerprint:
-        raise CannotResume(
-            f"request {request_id!r} was written by another model "
-            f"({record.model_fingerprint}, this worker runs {model_fingerprint})"
-        )
-    context = list(record.prompt_token_ids) + committed
+        return PrefetchOutcome(0, 0, 0, len(context), finished=True)
     # The KV of every token but the last is needed; its full blocks are final.
     hashes = block_hashes(model_fingerprint, context[: max(0, len(context) - 1)], block_tokens)
     # A block staged before (by this request's earlier stages, or by another request with the
@@ -68,6 +57,6 @@ def prefetch_stage(
         staged_blocks=staging.blocks_of(request_id),
         new_blocks=new_blocks,
         staged_bytes=staging.bytes_of(request_id),
-        context_tokens=context_tokens,
+        context_tokens=len(context),
         finished=False,
     )

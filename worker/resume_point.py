@@ -60,13 +60,21 @@ class ResumePoint:
 def read_resume_point(store: RedisStore, request_id: str, model_fingerprint: str) -> ResumePoint:
     """Read record and tokens (blocking: call on a thread). Raises RecordNotFound, CannotResume,
     or the store's StoreUnavailable."""
+    point = read_stored_point(store, request_id, model_fingerprint)
+    if point.record.status.is_terminal:
+        raise CannotResume(f"request {request_id!r} already ended ({point.record.status.value})")
+    return point
+
+
+def read_stored_point(store: RedisStore, request_id: str, model_fingerprint: str) -> ResumePoint:
+    """Like read_resume_point, but a request that already ended is returned, not refused."""
     try:
         record = store.get_request(request_id)
         committed = store.committed_tokens(request_id)
     except StoreRequestNotFound as exc:
         raise RecordNotFound(request_id) from exc
     if record.status.is_terminal:
-        raise CannotResume(f"request {request_id!r} already ended ({record.status.value})")
+        return ResumePoint(record=record, committed_token_ids=tuple(committed))
     if record.model_fingerprint != model_fingerprint:
         raise CannotResume(
             f"request {request_id!r} was written by another model "

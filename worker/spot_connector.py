@@ -291,12 +291,12 @@ class SpotKVConnector(KVConnectorBase_V1):
         matched = max(0, end - num_computed_tokens)
         if not matched:
             return _LoadPlan(first_block, [], 0)
-        return _LoadPlan(first_block, usable, matched, sum(1 for b in usable if id(b) in staged))
+        return _LoadPlan(first_block, usable, matched, sum(staged[: len(usable)]))
 
-    def _load(self, wanted: list[BlockRead]) -> tuple[list[KVBlock | BlockRejected], set[int]]:
+    def _load(self, wanted: list[BlockRead]) -> tuple[list[KVBlock | BlockRejected], list[bool]]:
         """``wanted`` blocks, from the staging memory where a migration prefetched them
-        (verified like a store read), the rest from Redis in one round trip; with the ids of
-        the blocks that came from staging."""
+        (verified like a store read), the rest from Redis in one round trip; with, per block,
+        whether it came from staging."""
         loaded: list[KVBlock | BlockRejected | None] = [None] * len(wanted)
         if self._staging_root is not None:
             for position, read in enumerate(wanted):
@@ -316,10 +316,9 @@ class SpotKVConnector(KVConnectorBase_V1):
             fetched = self._store.get_blocks([wanted[p] for p in missing], self._kv_format)
             for position, block in zip(missing, fetched, strict=True):
                 loaded[position] = block
-        blocks = [block for block in loaded if block is not None]
-        missing_set = set(missing)
-        staged = {id(b) for p, b in enumerate(blocks) if p not in missing_set}
-        return blocks, staged
+        from_store = set(missing)
+        staged = [position not in from_store for position in range(len(wanted))]
+        return [block for block in loaded if block is not None], staged
 
     def _count_rejected(
         self, tracked: _Tracked, block: BlockRejected, *harmless: RejectReason
