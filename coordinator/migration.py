@@ -9,13 +9,15 @@ prefetches (Worker.Prefetch); the coordinator runs the handshake between them::
     stage 1..n, per request, while the source still decodes:
       Admission.reserve (a target with room, or a promoted standby)
       target.Prefetch ×n: the persisted full blocks, then what the source filled since,
-      until a stage finds nothing new (or the stage budget is spent)
+      until a stage finds nothing new (or the stage budget is spent); the target loads each
+      stage's blocks into its vLLM cache at once (a one-token warm-up request)
                                       ▼
     last stage: daemon.Flush ─▶ source pauses every request at an iteration boundary and
       persists its token tail and partial block ─▶ one FlushReport per request
                                       ▼
     Relay ─▶ FailoverPolicy.take_over ─▶ wait_flushed ─▶ take_prepared (the reserved target)
-      ─▶ Worker.Resume there: staged blocks load from memory, the tail from Redis; MIGRATED
+      ─▶ Worker.Resume there: the staged blocks are already in its cache, the tail comes
+         from Redis; MIGRATED
 
 Only the partial block and the newest tokens move during the pause, so it does not grow with
 the context. The handshake aborts cleanly, freeing the reservation and the staged blocks

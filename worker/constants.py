@@ -28,16 +28,31 @@ KV_WRITE_QUEUE_BLOCKS = 256
 # Most blocks in one write batch (one pipelined round trip): small enough that the queue's
 # order (the flush planner's) decides which paused requests are complete first.
 KV_WRITE_BATCH_BLOCKS = 16
+# The store refuses writes naming a request whose record the token committer has not created
+# yet (it can lag on a busy machine): a flush's refused writes are tried again this often, for
+# this long; a refused link of a full block is kept this long for the request's next writes.
+FLUSH_RETRY_INTERVAL_SECONDS = 0.05
+FLUSH_RETRY_SECONDS = 5.0
+UNLINKED_BLOCKS_KEEP_SECONDS = 60.0
 # First output index of the request in the engine (0, or the committed length on a resume):
 # the connector commits a paused request's tokens at their true indices.
 KV_PARAM_FIRST_INDEX = "spotinfer_first_index"
+# Marks a migration target's warm-up request: it loads the staged blocks into vLLM's prefix
+# cache (see Engine.prefetch) and must neither save nor commit anything.
+KV_PARAM_WARM = "spotinfer_warm"
+# vLLM request id of a warm-up: the request's id with this suffix.
+WARM_REQUEST_SUFFIX = ".warm"
+# A warm-up that has not finished by then is aborted: the resume loads the staged blocks
+# itself (what it did before the warm-up existed).
+WARM_TIMEOUT_SECONDS = 5.0
 # What the connector assumes of the link to Redis when it orders a paused request's writes
 # (the order does not depend on the rate; see context_daemon/flush_planner.py).
 FLUSH_ASSUMED_BYTES_PER_SECOND = 200e6
 FLUSH_ASSUMED_ROUND_TRIP_SECONDS = 0.0005
 # A preempt flush polls Redis this often to learn which paused requests are complete (the
-# wait adds to a migration's pause, so it is short; each poll reads headers only).
-FLUSH_POLL_SECONDS = 0.01
+# wait adds to a migration's pause, so it is short; each poll is one round trip of headers
+# for all of them, and polling only lasts while the paused requests' writes land).
+FLUSH_POLL_SECONDS = 0.002
 # Migration staging: the default budget, and how long staged blocks wait for their Resume
 # before they count as abandoned (a handshake whose coordinator went away).
 DEFAULT_STAGING_MIB = 1024

@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from spotinfer.requests import (
     EventKind,
     FinishReason,
     GenerationRequest,
+    Sampling,
     TokenChunk,
 )
 from spotinfer.validation import Limits, check_prompt_tokens, check_sampling
@@ -52,10 +53,13 @@ from worker.constants import (
     KV_PARAM_FIRST_INDEX,
     KV_PARAM_REQUEST_ID,
     KV_PARAM_RESUME,
+    KV_PARAM_WARM,
     PAUSED_DETAIL,
     PERSIST_RETRY_SECONDS,
     STAGING_STALE_SECONDS,
     STREAM_END_WAIT_SECONDS,
+    WARM_REQUEST_SUFFIX,
+    WARM_TIMEOUT_SECONDS,
 )
 from worker.engine_stats import EngineSnapshot, EngineStats
 from worker.errors import (
@@ -65,7 +69,7 @@ from worker.errors import (
     RequestNotFound,
     WorkerDraining,
 )
-from worker.flush_state import FlushState, read_flush_state
+from worker.flush_state import FlushState, read_flush_states
 from worker.kv_staging import StagingArea, default_staging_root
 from worker.metrics import WorkerMetrics
 from worker.model_fingerprint import model_fingerprint
@@ -210,7 +214,10 @@ class Engine:
             gpu_memory_utilization=self.config.gpu_memory_utilization,
             tensor_parallel_size=self.config.tensor_parallel_size,
             enforce_eager=self.config.enforce_eager,
-            enable_prefix_caching=self.config.enable_prefix_caching,
+            # A migration target warms the staged blocks into vLLM's prefix cache (see
+            # prefetch); each request's own salt keeps others from sharing them unless
+            # cross-request prefix caching is asked for.
+            enable_prefix_caching=self.config.enable_prefix_caching or self._staging is not None,
             seed=self.config.seed,
             disable_log_stats=False,
             # The real batch of each step (prefills + decodes) for the batch-size histogram.
@@ -385,8 +392,9 @@ class Engine:
                         point, from_index, len(point.engine_prompt), cached_tokens or 0, staged
                     )
                     if from_index < point.next_index:
-                        # Committed, but the client never saw them: the old worker died between
-                        # the commit and the send. Text is left out (not detokenized here).
+                        # Committed, but the client never saw them: its stream lagged the
+                        # engine at the pause, or the old worker died between the commit and
+                        # the send. Text is left out (the coordinator decodes them).
                         yield TokenChunk(
                             request_id,
                             from_index,
@@ -406,8 +414,12 @@ class Engine:
         staged_blocks: int = 0,
     ) -> TokenChunk:
         # vLLM computes the last prompt token in any case (its output is the next token);
-        # everything else it did not load counts as recomputed.
+        # everything else it did not load counts as recomputed, unless nothing is computed
+        # (every token was committed) or no worker had computed any of it (it was paused
+        # while still queued: this prefill is its first).
         recomputed = max(0, prompt_tokens - cached_tokens - 1) if prompt_tokens else 0
+        if point.never_computed or not point.remaining_tokens:
+            recomputed = 0
         # A request paused on a notice migrated; any other was recovered after a loss.
         kind = (
             EventKind.MIGRATED
@@ -459,7 +471,7 @@ class Engine:
         finish = FinishReason.CANCELLED  # unless vLLM says otherwise
         try:
             outputs = self._llm.generate(
-                {"prompt_token_ids": list(request.prompt_token_ids)},
+                self._prompt(request_id, request.prompt_token_ids),
                 self._sampling_params(request, kv_params),
                 request_id=request_id,
             )
@@ -524,6 +536,14 @@ class Engine:
             del self._in_flight[request_id]
             running.done.set()
 
+    def _prompt(self, request_id: str, token_ids: Sequence[int]) -> dict[str, Any]:
+        """vLLM's prompt. Unless prefix caching across requests is on, the request's id salts
+        its block hashes: only the request itself (a warm-up before its resume) hits them."""
+        prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
+        if not self.config.enable_prefix_caching:
+            prompt["cache_salt"] = request_id
+        return prompt
+
     def _paused_chunk(self, request_id: str, index: int) -> TokenChunk:
         return TokenChunk(
             request_id=request_id,
@@ -576,7 +596,7 @@ class Engine:
             raise WorkerDraining("the worker is draining and takes no migrations")
         if self._llm is None:
             raise EngineNotReady("the engine is still loading the model")
-        return await asyncio.to_thread(
+        outcome = await asyncio.to_thread(
             prefetch_stage,
             self._store,
             self._staging,
@@ -584,6 +604,41 @@ class Engine:
             self._fingerprint,
             self.shape.kv_block_tokens,
         )
+        if outcome.new_blocks:
+            await self._warm(request_id, outcome.staged_prefix)
+        return outcome
+
+    async def _warm(self, request_id: str, staged_prefix: tuple[int, ...]) -> None:
+        """Loads the staged blocks into vLLM's cache ahead of the resume: a one-token request
+        over the staged tokens (plus the next one, which vLLM computes itself) whose prefill
+        the connector serves from staging. Once it ends, vLLM keeps the blocks in its prefix
+        cache, so the resume after the pause finds them there and loads only the rest.
+        Best effort: if the blocks are evicted first, or the warm-up fails, the resume loads
+        them from staging as before."""
+        if not staged_prefix:
+            return
+        warm_id = request_id + WARM_REQUEST_SUFFIX
+        warm = GenerationRequest(
+            warm_id, staged_prefix, Sampling(max_tokens=1, temperature=0.0, ignore_eos=True)
+        )
+        # vLLM needs one prompt token to compute: the first of the next block will do, as
+        # any token would (its KV is not kept); the block hashes only cover full blocks.
+        prompt = (*staged_prefix, staged_prefix[-1])
+        params = self._sampling_params(
+            warm, {KV_PARAM_REQUEST_ID: request_id, KV_PARAM_RESUME: True, KV_PARAM_WARM: True}
+        )
+
+        async def run() -> None:
+            async for _ in self._llm.generate(
+                self._prompt(request_id, prompt), params, request_id=warm_id
+            ):
+                pass
+
+        try:
+            await asyncio.wait_for(run(), WARM_TIMEOUT_SECONDS)
+        except Exception as exc:  # the resume loads the staged blocks itself
+            log.warning("warm-up of %s's staged blocks failed: %r", request_id, exc)
+            await self._abort_quietly(warm_id)
 
     def drop_prefetch(self, request_id: str) -> int:
         """Frees what was staged for ``request_id`` (an aborted handshake)."""
@@ -657,22 +712,16 @@ class Engine:
 
     def _read_flush_states(self, pending: dict[str, _Running]) -> list[FlushState]:
         assert self._store is not None, "preempt reads states only with a store"
-        with_kv = self.config.kv_persist_policy != "off"
-        states = []
-        for request_id, running in pending.items():
-            try:
-                state = read_flush_state(
-                    self._store,
-                    request_id,
-                    self._fingerprint,
-                    self.shape.kv_block_tokens,
-                    running.streamed_tokens,
-                    with_kv,
-                )
-            except StoreUnavailable:
-                state = FlushState(request_id, 0, 0, 0, False, False)
-            states.append(state)
-        return states
+        try:
+            return read_flush_states(
+                self._store,
+                {request_id: running.streamed_tokens for request_id, running in pending.items()},
+                self._fingerprint,
+                self.shape.kv_block_tokens,
+                with_kv=self.config.kv_persist_policy != "off",
+            )
+        except StoreUnavailable:
+            return [FlushState(request_id, 0, 0, 0, False, False) for request_id in pending]
 
     @property
     def draining(self) -> bool:

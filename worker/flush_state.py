@@ -8,21 +8,24 @@ A request is *complete* when a standby can continue it with no recompute::
     tail (len-1) % B tokens           stored under the request's key, header naming exactly
                                       those tokens (by count and chain hash)
 
-Only headers and links are read (no payloads): cheap enough to poll during a grace period.
-The standby still verifies every byte when it loads the blocks.
+unless the record says the pause found none of the request's KV computed on this worker
+(it still waited in the engine's queue; the connector marks that after the request's
+tokens), or every token is committed (the engine finished the request as the pause cut the
+stream; the connector commits a finished request's whole list): no block or tail is owed
+then, and the standby computes nothing this worker had.
+
+Only headers and links are read (no payloads), every request in one round trip: cheap
+enough to poll during a grace period. The standby still verifies every byte when it loads
+the blocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from context_daemon.store import (
-    RedisStore,
-    RequestNotFound,
-    RequestStatus,
-    block_hashes,
-    tail_hash,
-)
+from context_daemon.store import RedisStore, RequestStatus, block_hashes, tail_hash
+from context_daemon.store.redis_store import RequestView
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,40 @@ def read_flush_state(
     """Where ``request_id`` stands (blocking: call on a thread). ``streamed_tokens``: output
     tokens this worker streamed (the store must hold at least those). ``with_kv``: False when
     this worker persists no KV (policy off); complete then means tokens only."""
-    try:
-        record = store.get_request(request_id)
-        committed = store.committed_tokens(request_id)
-    except RequestNotFound:
+    (state,) = read_flush_states(
+        store, {request_id: streamed_tokens}, model_fingerprint, block_tokens, with_kv
+    )
+    return state
+
+
+def read_flush_states(
+    store: RedisStore,
+    streamed_tokens: Mapping[str, int],
+    model_fingerprint: str,
+    block_tokens: int,
+    with_kv: bool,
+) -> list[FlushState]:
+    """read_flush_state for many requests (request id -> tokens streamed) in one round trip."""
+    views = store.request_views(list(streamed_tokens))
+    return [
+        _flush_state(
+            request_id, views[request_id], model_fingerprint, block_tokens, streamed, with_kv
+        )
+        for request_id, streamed in streamed_tokens.items()
+    ]
+
+
+def _flush_state(
+    request_id: str,
+    view: RequestView | None,
+    model_fingerprint: str,
+    block_tokens: int,
+    streamed_tokens: int,
+    with_kv: bool,
+) -> FlushState:
+    if view is None:
         return FlushState(request_id, 0, 0, 0, False, False)
+    record, committed = view.record, view.committed_tokens
     context = list(record.prompt_token_ids) + committed
     kv_tokens = max(0, len(context) - 1)
     full_blocks = kv_tokens // block_tokens
@@ -66,7 +98,7 @@ def read_flush_state(
         linked += 1
     tail_ok = True
     if kv_tokens % block_tokens:
-        summary = store.tail_summary(request_id)
+        summary = view.tail
         wanted_tail = tail_hash(model_fingerprint, context[:kv_tokens], block_tokens)
         tail_ok = (
             summary is not None
@@ -75,11 +107,16 @@ def read_flush_state(
         )
     tokens_ok = record.status is RequestStatus.PAUSED and len(committed) >= streamed_tokens
     kv_ok = linked == full_blocks and tail_ok
+    # Every token generated (the engine finished it as the pause cut the stream): a standby
+    # has nothing to compute, so no KV is owed.
+    max_tokens = int(record.sampling_params.get("max_tokens", 0))
+    generated_all = bool(max_tokens) and len(committed) >= max_tokens
+    kv_owed = with_kv and not record.paused_without_kv and not generated_all
     return FlushState(
         request_id=request_id,
         committed_tokens=len(committed),
         context_tokens=len(context),
         persisted_blocks=linked,
         tail_persisted=tail_ok,
-        complete=tokens_ok and (kv_ok or not with_kv),
+        complete=tokens_ok and (kv_ok or not kv_owed),
     )

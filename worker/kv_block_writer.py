@@ -12,20 +12,30 @@ as *required*: it may pass the queue bound, because it is the last chance to sav
 Batches hold at most KV_WRITE_BATCH_BLOCKS blocks, so the queue order (the flush planner's)
 decides which requests are complete first; a batch writes its token commits before its
 blocks, and a request's tail after its full blocks, so a stored tail means the blocks before
-it were sent.
+it were sent. A paused request with no KV to save gets a mark instead, written last in its
+batch (after its tokens).
+
+The worker's token committer creates a request's record off the stream's path, so on a busy
+machine a request can run, and even be paused, before its record exists; the store refuses
+what names a request it has no record of. So a full block whose link was refused is linked
+again with the request's next writes, and a flush's refused writes (tokens, tail, mark,
+links) are tried again every FLUSH_RETRY_INTERVAL_SECONDS for FLUSH_RETRY_SECONDS.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
 from context_daemon.store import (
     BlockWrite,
+    ConflictReason,
     KVFormat,
     RedisStore,
     StoreError,
@@ -33,7 +43,12 @@ from context_daemon.store import (
     TokenCommit,
 )
 from context_daemon.store.block_codec import EncodedBlock, header_bytes, seal_block
-from worker.constants import KV_WRITE_BATCH_BLOCKS
+from worker.constants import (
+    FLUSH_RETRY_INTERVAL_SECONDS,
+    FLUSH_RETRY_SECONDS,
+    KV_WRITE_BATCH_BLOCKS,
+    UNLINKED_BLOCKS_KEEP_SECONDS,
+)
 from worker.kv_layout import block_buffer
 
 log = logging.getLogger(__name__)
@@ -52,9 +67,42 @@ class PendingBlock:
     prefix_hash: bytes
     data: torch.Tensor
     num_tokens: int = 0  # 0: a full block
+    required: bool = False  # part of a pause's flush
 
 
-_Item = PendingBlock | TokenCommit
+@dataclass(frozen=True)
+class NoKVMark:
+    """A paused request of which the worker held no KV: its record is marked so (see
+    RedisStore.mark_paused_without_kv)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class FinalCommit:
+    """The whole token list of a request that reached its max_tokens: best effort, since
+    its record is usually deleted as it finishes; it matters when a pause cut the worker's
+    stream short of those last tokens (the engine had finished the request, so no flush
+    follows)."""
+
+    commit: TokenCommit
+
+    @property
+    def request_id(self) -> str:
+        return self.commit.request_id
+
+
+_Item = PendingBlock | TokenCommit | NoKVMark | FinalCommit
+
+
+@dataclass
+class _Refused:
+    """A flush's writes refused because the request's record did not exist yet."""
+
+    until: float  # monotonic: given up after this
+    commits: list[TokenCommit] = field(default_factory=list)
+    tails: list[BlockWrite] = field(default_factory=list)
+    mark: bool = False
 
 
 class KVBlockWriter:
@@ -73,6 +121,11 @@ class KVBlockWriter:
         self._written_bytes = 0
         self._dropped = 0
         self._unavailable = False
+        # Owned by the writer thread: links to make once the record exists (request id ->
+        # last refusal, block index -> hash), and flushes to try again (request id ->).
+        self._unlinked: dict[str, tuple[float, dict[int, bytes]]] = {}
+        self._refused: dict[str, _Refused] = {}
+        self._last_retry = 0.0
         self._thread = threading.Thread(target=self._run, name="spot-kv-writer", daemon=True)
         self._thread.start()
 
@@ -82,11 +135,16 @@ class KVBlockWriter:
         if not required and self._queue.qsize() >= self._max_queued_blocks:
             self._count_dropped(1, "the write queue is full")
             return
-        self._queue.put_nowait(block)
+        self._queue.put_nowait(dataclasses.replace(block, required=True) if required else block)
 
-    def submit_tokens(self, commit: TokenCommit) -> None:
-        """Queue a token commit (idempotent in the store, so it may overlap earlier ones)."""
-        self._queue.put_nowait(commit)
+    def submit_no_kv(self, request_id: str) -> None:
+        """Queue the mark of a paused request that had no KV to save (after its tokens)."""
+        self._queue.put_nowait(NoKVMark(request_id))
+
+    def submit_tokens(self, commit: TokenCommit, final: bool = False) -> None:
+        """Queue a token commit (idempotent in the store, so it may overlap earlier ones).
+        ``final``: a finished request's, never tried again (see FinalCommit)."""
+        self._queue.put_nowait(FinalCommit(commit) if final else commit)
 
     @property
     def written_blocks(self) -> int:
@@ -118,7 +176,13 @@ class KVBlockWriter:
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(
+                    timeout=FLUSH_RETRY_INTERVAL_SECONDS if self._refused else None
+                )
+            except queue.Empty:
+                self._write([])
+                continue
             if first is _STOP:
                 return
             batch: list[_Item] = [first]
@@ -139,47 +203,128 @@ class KVBlockWriter:
                 return
 
     def _write(self, batch: list[_Item]) -> None:
+        now = time.monotonic()
+        retried = self._due_retries(now)
         block_tokens = self._kv_format.block_tokens
         commits = [item for item in batch if isinstance(item, TokenCommit)]
+        commits += [commit for refused in retried.values() for commit in refused.commits]
+        finals = [item.commit for item in batch if isinstance(item, FinalCommit)]
+        marks = [item.request_id for item in batch if isinstance(item, NoKVMark)]
+        marks += [request_id for request_id, refused in retried.items() if refused.mark]
+        pending = [item for item in batch if isinstance(item, PendingBlock)]
         encoded: list[tuple[PendingBlock, EncodedBlock]] = [
             (
-                pending,
+                block,
                 seal_block(
-                    block_buffer(pending.data),
+                    block_buffer(block.data),
                     self._kv_format,
-                    pending.prefix_hash,
-                    pending.num_tokens or block_tokens,
+                    block.prefix_hash,
+                    block.num_tokens or block_tokens,
                 ),
             )
-            for pending in batch
-            if isinstance(pending, PendingBlock)
+            for block in pending
         ]
-        writes = [
-            BlockWrite(pending.request_id, pending.block_index, block) for pending, block in encoded
+        new_writes = [
+            BlockWrite(block.request_id, block.block_index, sealed) for block, sealed in encoded
         ]
+        writes = new_writes + [tail for refused in retried.values() for tail in refused.tails]
+        touched = {item.request_id for item in batch} | set(retried)
+        relinks = {
+            request_id: sorted(self._unlinked[request_id][1].items())
+            for request_id in touched
+            if request_id in self._unlinked
+        }
+        if not (commits or finals or relinks or writes or marks):
+            return
+        flushing = (
+            {commit.request_id for commit in commits}
+            | {write.request_id for write in writes if not write.block.is_full}
+            | set(marks)
+            | {block.request_id for block in pending if block.required}
+        )
         try:
-            if commits:
-                for outcome in self._store.commit_step(commits):
-                    if outcome.conflict is not None:
-                        log.warning(
-                            "flush commit of %s refused: %s", outcome.request_id, outcome.conflict
-                        )
-            if writes:
-                self._store.put_blocks(writes)
+            outcomes = self._store.commit_step(commits + finals) if commits or finals else []
+            linked = self._store.link_blocks(relinks) if relinks else {}
+            stored = self._store.put_blocks(writes) if writes else []
+            marked = self._store.mark_paused_without_kv(marks) if marks else []
         except StoreUnavailable as exc:
-            self._count_dropped(len(writes), f"Redis is unavailable ({exc})", outage=True)
+            self._count_dropped(len(new_writes), f"Redis is unavailable ({exc})", outage=True)
             return
         except StoreError as exc:
-            self._count_dropped(len(writes), f"Redis refused the write ({exc})")
+            self._count_dropped(len(new_writes), f"Redis refused the write ({exc})")
             return
+        refused: dict[str, _Refused] = {}
+
+        def refusal(request_id: str) -> _Refused:
+            until = retried[request_id].until if request_id in retried else None
+            return refused.setdefault(request_id, _Refused(until or now + FLUSH_RETRY_SECONDS))
+
+        for commit, outcome in zip(commits, outcomes[: len(commits)], strict=True):
+            if outcome.conflict is None:
+                continue
+            if outcome.conflict.reason is ConflictReason.UNKNOWN_REQUEST:
+                refusal(commit.request_id).commits.append(commit)
+            else:
+                log.warning("flush commit of %s refused: %s", outcome.request_id, outcome.conflict)
+        for request_id, ok in linked.items():
+            if ok:
+                del self._unlinked[request_id]
+        for write, ok in zip(writes, stored, strict=True):
+            if ok:
+                continue
+            if write.block.is_full:
+                _, unlinked = self._unlinked.setdefault(write.request_id, (now, {}))
+                unlinked[write.block_index] = write.block.prefix_hash
+                self._unlinked[write.request_id] = (now, unlinked)
+            else:
+                refusal(write.request_id).tails.append(write)
+        for request_id, ok in zip(marks, marked, strict=True):
+            if not ok:
+                refusal(request_id).mark = True
+        for request_id in flushing & set(self._unlinked):
+            refusal(request_id)  # its flush is complete only with those links
+        self._keep_refused(refused, now)
+        self._forget_unlinked(now)
         with self._lock:
-            self._written += len(writes)
+            self._written += len(new_writes)
             self._written_bytes += sum(len(block.data) - self._header_bytes for _, block in encoded)
             recovered = self._unavailable
             self._unavailable = False
             self._settled.notify_all()
         if recovered:
             log.warning("KV persistence resumed: Redis answers again")
+
+    def _due_retries(self, now: float) -> dict[str, _Refused]:
+        """The refused flushes to try again in this batch (all of them, at most once an
+        interval)."""
+        if not self._refused or now - self._last_retry < FLUSH_RETRY_INTERVAL_SECONDS:
+            return {}
+        self._last_retry = now
+        retried, self._refused = self._refused, {}
+        return retried
+
+    def _keep_refused(self, refused: dict[str, _Refused], now: float) -> None:
+        for request_id, entry in refused.items():
+            if now >= entry.until:
+                log.info(
+                    "flush of %s given up: no record of it in the store for %.0f s (it ended)",
+                    request_id,
+                    FLUSH_RETRY_SECONDS,
+                )
+                continue
+            kept = self._refused.get(request_id)
+            if kept is None:
+                self._refused[request_id] = entry
+            else:
+                kept.commits += entry.commits
+                kept.tails += entry.tails
+                kept.mark = kept.mark or entry.mark
+
+    def _forget_unlinked(self, now: float) -> None:
+        """Links of requests refused for long: their records are gone, not late."""
+        for request_id, (since, _) in list(self._unlinked.items()):
+            if now - since > UNLINKED_BLOCKS_KEEP_SECONDS and request_id not in self._refused:
+                del self._unlinked[request_id]
 
     def _count_dropped(self, count: int, why: str, outage: bool = False) -> None:
         with self._lock:

@@ -52,7 +52,11 @@ COMMIT_BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 _PERSIST_WRITTEN_BLOCKS = "written_blocks"
 _PERSIST_WRITTEN_BYTES = "written_bytes"
 _PERSIST_DROPPED_BLOCKS = "dropped_blocks"
-_LOADED_BY_SOURCE = {"staging": "loaded_staged_blocks", "store": "loaded_store_blocks"}
+_LOADED_BY_SOURCE = {
+    "staging": "loaded_staged_blocks",
+    "store": "loaded_store_blocks",
+    "prefix_cache": "cached_blocks",
+}
 
 
 @dataclass(frozen=True)
@@ -107,8 +111,9 @@ class WorkerMetrics:
         )
         self.kv_loaded_blocks = Counter(
             PREFIX + "kv_loaded_blocks",
-            "KV blocks loaded into the cache for a resume, by where they came from (staging: "
-            "prefetched by a migration before the pause; store: read from Redis)",
+            "KV blocks a resume had without computing them, by where they came from (staging: "
+            "prefetched by a migration before the pause; store: read from Redis; prefix_cache: "
+            "already in vLLM's cache, loaded there from staging before the pause)",
             ["source"],
             registry=r,
         )

@@ -18,10 +18,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 WRITTEN_BLOCKS = "written_blocks"
 WRITTEN_BYTES = "written_bytes"
 DROPPED_BLOCKS = "dropped_blocks"
-# Blocks loaded into the cache for a resume: from a migration's staging memory, or from Redis.
+# Blocks a resume had without computing them: loaded from a migration's staging memory or
+# from Redis, or found in vLLM's prefix cache (warmed there during the migration handshake).
 LOADED_STAGED_BLOCKS = "loaded_staged_blocks"
 LOADED_STORE_BLOCKS = "loaded_store_blocks"
-KEYS = (WRITTEN_BLOCKS, WRITTEN_BYTES, DROPPED_BLOCKS, LOADED_STAGED_BLOCKS, LOADED_STORE_BLOCKS)
+CACHED_BLOCKS = "cached_blocks"
+KEYS = (
+    WRITTEN_BLOCKS,
+    WRITTEN_BYTES,
+    DROPPED_BLOCKS,
+    LOADED_STAGED_BLOCKS,
+    LOADED_STORE_BLOCKS,
+    CACHED_BLOCKS,
+)
 
 
 @dataclass

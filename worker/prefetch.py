@@ -7,6 +7,9 @@ does next; the partial tail does, and is left for the pause::
 
     record + committed tokens ─▶ context ─▶ chain hashes of its full blocks
     not staged yet ─▶ GETEX (one round trip) ─▶ StagingArea.stage ─▶ PrefetchOutcome
+
+The engine then warms what a stage added into vLLM's prefix cache (Engine.prefetch), so the
+resume after the pause finds those blocks in the cache and loads only the rest.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class PrefetchOutcome:
     staged_bytes: int
     context_tokens: int
     finished: bool  # the request ended: nothing is staged for it any more
+    staged_prefix: tuple[int, ...] = ()
+    """The tokens whose KV the staged blocks hold (the leading full blocks of the context)."""
 
 
 def prefetch_stage(
@@ -53,10 +58,12 @@ def prefetch_stage(
                 break
             staging.stage(request_id, prefix_hash, data)
             new_blocks += 1
+    staged_blocks = staging.blocks_of(request_id)
     return PrefetchOutcome(
-        staged_blocks=staging.blocks_of(request_id),
+        staged_blocks=staged_blocks,
         new_blocks=new_blocks,
         staged_bytes=staging.bytes_of(request_id),
         context_tokens=len(context),
         finished=False,
+        staged_prefix=tuple(context[: staged_blocks * block_tokens]),
     )

@@ -49,6 +49,17 @@ class ResumePoint:
         return self.record.prompt_token_ids + self.committed_token_ids
 
     @property
+    def never_computed(self) -> bool:
+        """No worker computed anything of it that the store knows of: no token committed,
+        no block persisted, and its last pause found none of its KV (it still waited in the
+        engine's queue). Its prefill here is the first, not a recompute."""
+        return (
+            self.record.paused_without_kv
+            and not self.committed_token_ids
+            and not self.record.persisted_block_hashes
+        )
+
+    @property
     def next_index(self) -> int:
         return len(self.committed_token_ids)
 

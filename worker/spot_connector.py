@@ -18,7 +18,16 @@ vLLM builds one instance per role, from `kv_transfer_config` (see `connector_con
       migration): name every unsaved full block    no forward pass): copy them from the
       and the partial tail, keep the blocks        registered tensors; get_finished: release
       (delay_free) until the worker role copied    the blocks once copied
-      them; commit the engine's token list
+      them; commit the engine's token list; a
+      request with no KV computed (still
+      waiting) gets its record marked instead
+    request_finished (max_tokens reached):       wait_for_save: commit it, best effort
+      commit the engine's whole token list
+
+A migration target warms staged blocks into vLLM's cache before the pause: a one-token
+request marked ``warm`` loads them like a resume (from staging) and saves nothing; vLLM's
+prefix cache (salted per request, see Engine._prompt) then hands them to the resume, whose
+`get_num_new_matched_tokens` sees them as already computed and loads only the rest.
 
 A pause must leave the store consistent with the cache at the iteration boundary, so the
 connector commits the token list the engine core holds (the client's stream may lag a step
@@ -68,6 +77,7 @@ from worker.constants import (
     KV_PARAM_FIRST_INDEX,
     KV_PARAM_REQUEST_ID,
     KV_PARAM_RESUME,
+    KV_PARAM_WARM,
     KV_WRITE_QUEUE_BLOCKS,
     SPOT_CONNECTOR_CLASS,
     SPOT_CONNECTOR_MODULE,
@@ -76,6 +86,7 @@ from worker.kv_block_writer import KVBlockWriter, PendingBlock
 from worker.kv_layout import check_tensors, copy_block, kv_format_for, layer_names, load_block
 from worker.kv_staging import read_staged
 from worker.persist_stats import (
+    CACHED_BLOCKS,
     DROPPED_BLOCKS,
     LOADED_STAGED_BLOCKS,
     LOADED_STORE_BLOCKS,
@@ -151,8 +162,14 @@ class SpotConnectorMetadata(KVConnectorMetadata):
     saves: list[BlockSave] = field(default_factory=list)
     loads: list[BlockLoad] = field(default_factory=list)
     commits: list[TokenCommit] = field(default_factory=list)
+    cached_blocks: int = 0
+    """Blocks resumes found in vLLM's prefix cache since the previous step (counted only)."""
     released: list[str] = field(default_factory=list)
     """vLLM ids whose blocks may be freed once this step's saves are copied."""
+    without_kv: list[str] = field(default_factory=list)
+    """Our ids of paused requests of which no KV was computed: their records say so."""
+    final_commits: list[TokenCommit] = field(default_factory=list)
+    """Whole token lists of requests that reached their max_tokens (best effort)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +179,10 @@ class _Flush:
     vllm_id: str
     commit: TokenCommit | None
     saves: list[BlockSave]
+    without_kv: str = ""
+    """Our id when the engine had computed none of the request's KV (it had not been
+    scheduled yet): nothing to save, and the record is marked so the flush counts as
+    complete without blocks or tail."""
 
 
 @dataclass
@@ -171,6 +192,7 @@ class _Tracked:
     request: Request
     request_id: str  # ours; vLLM's id carries a suffix
     resume: bool
+    warm: bool = False  # a migration target's warm-up: loads only, never saves
     first_index: int = 0  # output index of the engine's first output token
     chain: list[bytes] = field(default_factory=list)  # hashes of blocks 0.. named so far
     saved_blocks: int = 0  # blocks [0, saved_blocks) are stored (saved or loaded)
@@ -211,11 +233,14 @@ class SpotKVConnector(KVConnectorBase_V1):
         self._tracked: dict[str, _Tracked] = {}
         self._loads: list[BlockLoad] = []
         self._flushes: list[_Flush] = []
+        self._final_commits: list[TokenCommit] = []
+        self._cached_blocks = 0
         # worker role
         self._tensors: list[torch.Tensor] = []
         self._released: set[str] = set()
         self._loaded_staged = 0
         self._loaded_from_store = 0
+        self._found_cached = 0
         self._writer: KVBlockWriter | None = None
         if role == KVConnectorRole.WORKER:
             self._writer = KVBlockWriter(self._store, self._kv_format, KV_WRITE_QUEUE_BLOCKS)
@@ -236,6 +261,7 @@ class SpotKVConnector(KVConnectorBase_V1):
                 request=request,
                 request_id=request_id,
                 resume=bool(params.get(KV_PARAM_RESUME)),
+                warm=bool(params.get(KV_PARAM_WARM)),
                 first_index=int(params.get(KV_PARAM_FIRST_INDEX, 0)),
             )
 
@@ -246,6 +272,8 @@ class SpotKVConnector(KVConnectorBase_V1):
         if tracked is None or not tracked.resume:
             return 0, False
         if tracked.plan is None:
+            if not tracked.warm:  # found warmed by the handshake (or left by an earlier run)
+                self._cached_blocks += num_computed_tokens // self._kv_format.block_tokens
             tracked.plan = self._plan_load(tracked, num_computed_tokens)
         return tracked.plan.matched_tokens, False
 
@@ -357,17 +385,18 @@ class SpotKVConnector(KVConnectorBase_V1):
         tracked.loaded_tokens = num_external_tokens
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = SpotConnectorMetadata(loads=self._loads)
-        self._loads = []
+        meta = SpotConnectorMetadata(loads=self._loads, cached_blocks=self._cached_blocks)
+        self._loads, self._cached_blocks = [], 0
         if self._flushes:
             self._add_flushes(meta, self._flushes)
             self._flushes = []
+        meta.final_commits, self._final_commits = self._final_commits, []
         if self._policy != "eager":
             return meta
         block_state = scheduler_output.kv_connector_block_state
         for vllm_id, scheduled in scheduler_output.num_scheduled_tokens.items():
             tracked = self._tracked.get(vllm_id)
-            if tracked is None or block_state is None:
+            if tracked is None or tracked.warm or block_state is None:
                 continue
             # The worker role saves after this step's forward pass, so every block that is
             # full once this step's tokens are computed can go now.
@@ -410,10 +439,22 @@ class SpotKVConnector(KVConnectorBase_V1):
         if tracked is None:
             return False, None
         delay_free = False
-        if request.status == VllmRequestStatus.FINISHED_ABORTED and self._policy != "off":
+        aborted = request.status == VllmRequestStatus.FINISHED_ABORTED
+        if aborted and self._policy != "off" and not tracked.warm:
             flush = self._name_flush(tracked, block_ids)
             self._flushes.append(flush)
             delay_free = bool(flush.saves)
+        elif (
+            request.status == VllmRequestStatus.FINISHED_LENGTH_CAPPED
+            and self._policy != "off"
+            and not tracked.warm
+            and request.output_token_ids
+        ):
+            self._final_commits.append(
+                TokenCommit(
+                    tracked.request_id, tracked.first_index, tuple(request.output_token_ids)
+                )
+            )
         if not tracked.resume:
             return delay_free, None
         return delay_free, {
@@ -464,7 +505,7 @@ class SpotKVConnector(KVConnectorBase_V1):
         tracked.saved_blocks = full_blocks
         outputs = tuple(request.output_token_ids)
         commit = TokenCommit(tracked.request_id, tracked.first_index, outputs) if outputs else None
-        return _Flush(request.request_id, commit, saves)
+        return _Flush(request.request_id, commit, saves, "" if computed else tracked.request_id)
 
     def _add_flushes(self, meta: SpotConnectorMetadata, flushes: list[_Flush]) -> None:
         """Queue the flushes in the planner's order: every token list first, then the KV of
@@ -488,6 +529,7 @@ class SpotKVConnector(KVConnectorBase_V1):
             if step.kind is FlushKind.KV:
                 meta.saves.extend(by_id[step.request_id].saves)
         meta.released.extend(flush.vllm_id for flush in flushes if flush.saves)
+        meta.without_kv.extend(flush.without_kv for flush in flushes if flush.without_kv)
 
     def _block_bytes_per_layer(self) -> int:
         spec = self._kv_cache_config.kv_cache_groups[0].kv_cache_spec
@@ -505,6 +547,7 @@ class SpotKVConnector(KVConnectorBase_V1):
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, SpotConnectorMetadata)
+        self._found_cached += meta.cached_blocks
         for load in meta.loads:
             load_block(self._tensors, load.block_id, load.payload)
             if load.staged:
@@ -542,6 +585,10 @@ class SpotKVConnector(KVConnectorBase_V1):
                 ),
                 required=save.required,
             )
+        for request_id in meta.without_kv:
+            self._writer.submit_no_kv(request_id)
+        for commit in meta.final_commits:
+            self._writer.submit_tokens(commit, final=True)
         # The copies are private: the cache slots may be freed now.
         self._released.update(meta.released)
 
@@ -562,6 +609,7 @@ class SpotKVConnector(KVConnectorBase_V1):
                 DROPPED_BLOCKS: self._writer.dropped_blocks,
                 LOADED_STAGED_BLOCKS: self._loaded_staged,
                 LOADED_STORE_BLOCKS: self._loaded_from_store,
+                CACHED_BLOCKS: self._found_cached,
             }
         )
 

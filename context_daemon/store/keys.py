@@ -26,7 +26,8 @@ blocks spread over the cluster.
 
     meta fields: request_id, model_fingerprint, prompt_token_ids (packed uint32 LE),
     sampling_params (JSON), status, owner_worker_id, committed_length, created_unix_ms,
-    updated_unix_ms, kv_block_tokens
+    updated_unix_ms, kv_block_tokens, paused_without_kv ("1" after a pause that found none
+    of its KV computed, until it runs again)
 
 Request ids may not contain ``{``, ``}`` or whitespace and may not be empty: an empty tag or a
 brace inside it would move keys of one request to different slots.

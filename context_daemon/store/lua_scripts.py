@@ -13,7 +13,11 @@ import hashlib
 from dataclasses import dataclass
 
 from context_daemon.constants import TOKEN_ID_BYTES
-from context_daemon.store.request_record import TERMINAL_STATUSES
+from context_daemon.store.request_record import (
+    PAUSED_WITHOUT_KV_FIELD,
+    TERMINAL_STATUSES,
+    RequestStatus,
+)
 
 
 class ScriptCode(enum.IntEnum):
@@ -84,7 +88,7 @@ return {ScriptCode.OK}
 )
 
 # KEYS: meta.  ARGV: new status, now ms, set-owner flag ("1"/"0"), owner, allowed previous...
-# Returns {code, status before}.
+# Running again clears what the last pause said of its KV. Returns {code, status before}.
 SET_STATUS = LuaScript(
     "set_status",
     f"""
@@ -94,6 +98,9 @@ for i = 5, #ARGV do
   if ARGV[i] == status then
     redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_unix_ms', ARGV[2])
     if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'owner_worker_id', ARGV[4]) end
+    if ARGV[1] == '{RequestStatus.RUNNING.value}' then
+      redis.call('HDEL', KEYS[1], '{PAUSED_WITHOUT_KV_FIELD}')
+    end
     return {{{ScriptCode.OK}, status}}
   end
 end
@@ -146,4 +153,27 @@ return {ScriptCode.OK}
 """,
 )
 
-ALL_SCRIPTS = (COMMIT_TOKENS, CREATE_REQUEST, SET_STATUS, FINISH_REQUEST, ATTACH_BLOCK, PUT_TAIL)
+# KEYS: meta.  ARGV: none.  A pause found none of the request's KV computed: says so in its
+# record, only while the record exists and is live (a late write after an end changes
+# nothing). Returns a ScriptCode.
+MARK_PAUSED_WITHOUT_KV = LuaScript(
+    "mark_paused_without_kv",
+    f"""
+local terminal = {{{_TERMINAL_LUA_SET}}}
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {ScriptCode.NO_RECORD} end
+if terminal[status] then return {ScriptCode.ENDED} end
+redis.call('HSET', KEYS[1], '{PAUSED_WITHOUT_KV_FIELD}', '1')
+return {ScriptCode.OK}
+""",
+)
+
+ALL_SCRIPTS = (
+    COMMIT_TOKENS,
+    CREATE_REQUEST,
+    SET_STATUS,
+    FINISH_REQUEST,
+    ATTACH_BLOCK,
+    PUT_TAIL,
+    MARK_PAUSED_WITHOUT_KV,
+)

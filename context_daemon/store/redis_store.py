@@ -9,7 +9,7 @@ in a loop, because the caller (the write-behind persister) decides what to drop.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ from context_daemon.store.lua_scripts import (
     COMMIT_TOKENS,
     CREATE_REQUEST,
     FINISH_REQUEST,
+    MARK_PAUSED_WITHOUT_KV,
     PUT_TAIL,
     SET_STATUS,
     ScriptCode,
@@ -83,6 +84,16 @@ class CommitOutcome:
     request_id: str
     committed_length: int
     conflict: CommitConflict | None = None
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """A request as the store holds it at one moment (see RedisStore.request_views)."""
+
+    record: RequestRecord
+    committed_tokens: list[int]
+    tail: BlockSummary | None
+    """The header of the stored partial tail, unverified; None when there is none."""
 
 
 class RedisStore:
@@ -206,6 +217,20 @@ class RedisStore:
             return False
         self._status_result(request_id, code, before, status)
         return True
+
+    def mark_paused_without_kv(self, request_ids: Sequence[str]) -> list[bool]:
+        """Record that the pause of each request found none of its KV computed (its flush
+        owes no blocks and no tail), in one round trip; True per request whose live record
+        took the mark. A worker running it again clears it (update_status to RUNNING)."""
+        if not request_ids:
+            return []
+        results = self._run(
+            [
+                evalsha(MARK_PAUSED_WITHOUT_KV, [keys.request_meta_key(request_id)], [])
+                for request_id in request_ids
+            ]
+        )
+        return [result == ScriptCode.OK for result in results]
 
     def delete_request(self, request_id: str) -> int:
         """Delete every key of the request at once; return how many existed."""
@@ -331,6 +356,29 @@ class RedisStore:
             for write in writes
         ]
 
+    def link_blocks(self, links: Mapping[str, Sequence[tuple[int, bytes]]]) -> dict[str, bool]:
+        """Link stored full blocks (block index, block hash) to their requests, one ATTACH per
+        request in one round trip, as put_blocks does; True per request whose record took
+        them. For blocks written while their record did not exist yet."""
+        request_ids = [request_id for request_id, pairs in links.items() if pairs]
+        if not request_ids:
+            return {}
+        ttl = self._config.request_ttl_seconds
+        results = self._run(
+            [
+                evalsha(
+                    ATTACH_BLOCK,
+                    [keys.request_meta_key(request_id), keys.request_blocks_key(request_id)],
+                    [ttl, *(v for index, h in links[request_id] for v in (index, h.hex()))],
+                )
+                for request_id in request_ids
+            ]
+        )
+        return {
+            request_id: result == ScriptCode.OK
+            for request_id, result in zip(request_ids, results, strict=True)
+        }
+
     def get_blocks(
         self, reads: Sequence[BlockRead], kv_format: KVFormat
     ) -> list[KVBlock | BlockRejected]:
@@ -379,6 +427,32 @@ class RedisStore:
             [("GETRANGE", keys.request_tail_key(request_id), 0, HEADER_FIXED_BYTES - 1)]
         )
         return read_summary(data or None)
+
+    def request_views(self, request_ids: Sequence[str]) -> dict[str, RequestView | None]:
+        """Each request's record, committed tokens and stored tail header (None: no record),
+        all in one round trip: cheap enough to poll while a pause's flush lands."""
+        commands: list[Command] = []
+        for request_id in request_ids:
+            commands += [
+                ("HGETALL", keys.request_meta_key(request_id)),
+                ("HGETALL", keys.request_blocks_key(request_id)),
+                ("GET", keys.request_tokens_key(request_id)),
+                ("GETRANGE", keys.request_tail_key(request_id), 0, HEADER_FIXED_BYTES - 1),
+            ]
+        results = self._run(commands)
+        views: dict[str, RequestView | None] = {}
+        for position, request_id in enumerate(request_ids):
+            fields, block_hashes, tokens, tail = results[4 * position : 4 * position + 4]
+            views[request_id] = (
+                RequestView(
+                    RequestRecord.from_fields(fields, block_hashes),
+                    unpack_token_ids(tokens or b""),
+                    read_summary(tail or None),
+                )
+                if fields
+                else None
+            )
+        return views
 
     def block_ttl_seconds(self, block_hash: bytes) -> int:
         """Remaining lifetime of a full block (-2: absent, -1: no expiry)."""

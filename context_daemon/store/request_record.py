@@ -31,6 +31,9 @@ TERMINAL_STATUSES = frozenset(
 )
 _LIVE_STATUSES = frozenset(RequestStatus) - TERMINAL_STATUSES
 
+# Meta field set ("1") by a pause that found no KV to store; absent otherwise.
+PAUSED_WITHOUT_KV_FIELD = "paused_without_kv"
+
 # A live request may move to any state (a lost worker re-queues it, a resume runs it again,
 # possibly on another owner); a terminal one never leaves its state, so a late commit or a
 # late status write from a worker that was presumed dead cannot revive it.
@@ -59,6 +62,10 @@ class RequestRecord:
     updated_unix_ms: int = 0
     persisted_block_hashes: tuple[bytes, ...] = field(default=())
     """Hashes of the full KV blocks persisted for it, block 0 first, no gaps."""
+    paused_without_kv: bool = False
+    """The worker that paused it last held none of its KV (it was still waiting in the
+    engine's queue): that pause stored no blocks and no tail, and owes none. Cleared when a
+    worker runs it again."""
 
     def __post_init__(self) -> None:
         validate_request_id(self.request_id)
@@ -103,6 +110,7 @@ class RequestRecord:
             created_unix_ms=int(text("created_unix_ms")),
             updated_unix_ms=int(text("updated_unix_ms")),
             persisted_block_hashes=contiguous_block_hashes(block_hashes),
+            paused_without_kv=fields.get(PAUSED_WITHOUT_KV_FIELD.encode()) == b"1",
         )
 
 

@@ -125,6 +125,28 @@ def test_status_lifecycle_and_owner(store: RedisStore) -> None:
         store.update_status(new_request_id(), RequestStatus.RUNNING)
 
 
+def test_a_pause_without_kv_is_marked_until_the_request_runs_again(
+    redis_client: redis.Redis | redis.RedisCluster,
+) -> None:
+    retaining = RedisStore(redis_client, StoreConfig(retention_seconds=120))
+    request_id = make_and_create(retaining)
+    retaining.update_status(request_id, RequestStatus.RUNNING, "worker-a")
+    assert not retaining.get_request(request_id).paused_without_kv
+    ended = make_and_create(retaining)
+    retaining.finish_request(ended, RequestStatus.CANCELLED)
+    missing = new_request_id()
+
+    assert retaining.mark_paused_without_kv([request_id, ended, missing]) == [True, False, False]
+    retaining.update_status(request_id, RequestStatus.PAUSED)
+    assert retaining.get_request(request_id).paused_without_kv
+    assert not retaining.get_request(ended).paused_without_kv
+    assert retaining.keys_for_request(missing) == []  # a late mark creates nothing
+
+    retaining.update_status(request_id, RequestStatus.RUNNING, "worker-b")
+    assert not retaining.get_request(request_id).paused_without_kv
+    assert retaining.mark_paused_without_kv([]) == []
+
+
 def test_a_terminal_request_cannot_be_revived_or_extended(
     redis_client: redis.Redis | redis.RedisCluster,
 ) -> None:

@@ -164,12 +164,6 @@ def test_rolling(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-un
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason=f"the SpotServe trace is not at {TRACE}")
-@pytest.mark.xfail(
-    strict=False,
-    reason="failed once after the last coordinator changes: a request paused on a node noticed "
-    "together with another (6 s grace) had its flush incomplete at the deadline (no block "
-    "linked, no tail), so 61 tokens were recomputed; passed 4 of 4 before; not yet explained",
-)
 def test_trace(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # The whole A_S trace at ×0.05 (22 min → 66 s, grace 6 s): removals at 30 s and 60 s,
     # joins at 12, 18, 18 and 45 s, booting in the background. Four nodes at the start, so

@@ -1,5 +1,6 @@
-"""The target's side of a staged migration: Worker.Prefetch while the source still decodes,
-then the pause, then a Resume that loads the staged blocks instead of reading Redis.
+"""The target's side of a staged migration: Worker.Prefetch while the source still decodes
+(staging the blocks and warming them into vLLM's cache), then the pause, then a Resume that
+finds the staged blocks in the cache instead of reading Redis.
 
 Real processes: a redis-server, worker A (the source) and the package's standby B.
 """
@@ -139,6 +140,12 @@ def test_prefetched_blocks_are_loaded_from_staging_after_the_pause(
     wait_until(
         lambda: loaded_blocks(standby, "staging") >= second.staged_blocks,
         "the staged blocks counted as loaded from staging",
+    )
+    # The stages warmed them into vLLM's prefix cache: the resume found them there and read
+    # none of them again.
+    wait_until(
+        lambda: loaded_blocks(standby, "prefix_cache") >= second.staged_blocks,
+        "the resume found the staged blocks in vLLM's cache",
     )
     # The Resume consumed the staged copies: nothing is left to drop.
     dropped = standby.stub.DropPrefetch(worker_pb2.DropPrefetchRequest(request_id=request_id))
