@@ -267,23 +267,12 @@ class Relay:
             self._finish(finish, publish=False)
 
     def _publish(self, chunk: TokenChunk, index: int, token_ids: tuple[int, ...]) -> None:
-        if token_ids and not chunk.text:
-            # Tokens a worker sends from the store (a resume's committed ones) carry no text.
-            text = self._texts.span(
-                self.request.prompt_token_ids,
-                [*self.token_ids, *token_ids],
-                index,
-                index + len(token_ids),
-            )
-        elif len(token_ids) == len(chunk.token_ids):
-            text = chunk.text
-        else:
-            text = self._tail_text(chunk, index, self.token_ids)
+        whole = len(token_ids) == len(chunk.token_ids)
         kept = TokenChunk(
             request_id=self.request_id,
             index=index,
             token_ids=token_ids,
-            text=text or "",
+            text=chunk.text if whole else self._tail_text(chunk, index, self.token_ids),
             finish_reason=chunk.finish_reason,
             event=chunk.event,
             worker_id=chunk.worker_id or self.worker_id,
