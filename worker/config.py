@@ -75,7 +75,11 @@ class WorkerConfig:
     tensor_parallel_size: int = field(default=1, metadata={"help": "tensor parallel degree"})
     enforce_eager: bool = field(default=True, metadata={"help": "skip graph capture"})
     enable_prefix_caching: bool = field(
-        default=False, metadata={"help": "vLLM's automatic prefix caching"}
+        default=False,
+        metadata={
+            "help": "share KV prefix blocks across requests (vLLM's automatic prefix "
+            "caching); without it, only a migrating request's own warmed blocks are reused"
+        },
     )
     seed: int = field(default=0, metadata={"help": "engine seed"})
     tuning_file: str = field(
