@@ -34,7 +34,10 @@ from tests.support.redis_server import RedisServer
 
 STREAMS = 32
 PROMPT_TOKENS = 40
-MAX_TOKENS = 600
+# Long enough that the notice (after 130 tokens, as the client counts them) lands mid-stream
+# even when the test's thread sees the count late: the tiny model decodes 600 tokens of 32
+# streams in ~3 s, and one run saw them past 130 only as they were ending.
+MAX_TOKENS = 960
 # The notice comes once every stream is past this many tokens: its first KV block is full,
 # so the migration moves full blocks and a partial tail.
 NOTICE_AFTER_TOKENS = 130
