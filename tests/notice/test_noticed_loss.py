@@ -27,9 +27,9 @@ from tests.resume.conftest import BLOCK_TOKENS
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,
     StreamReader,
-    assemble,
     generate,
     greedy_request,
+    resume_stream,
     wait_until,
 )
 from tests.support.redis_server import RedisServer
@@ -102,20 +102,6 @@ def check_paused_stream(reader: StreamReader, worker_id: str) -> list[int]:
     return received
 
 
-def resume_on_standby(
-    standby: WorkerProcess, request_id: str, from_index: int
-) -> tuple[common_pb2.Event, list[int]]:
-    responses = list(
-        standby.stub.Resume(
-            worker_pb2.ResumeRequest(request_id=request_id, from_index=from_index),
-            timeout=STREAM_TIMEOUT_SECONDS,
-        )
-    )
-    assert responses[0].HasField("event"), "Resume must first report the recovery"
-    assert responses[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
-    return responses[0].event, assemble(responses[1:], start_index=from_index)
-
-
 def check_migration(
     node: Node,
     standby: WorkerProcess,
@@ -143,7 +129,7 @@ def check_migration(
         list(node.worker.stub.Generate(greedy_request("too-late", prompt, 4), timeout=30))
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
-    event, resumed = resume_on_standby(standby, request_id, from_index=len(received))
+    event, resumed = resume_stream(standby, request_id, from_index=len(received))
 
     assert event.kind == common_pb2.EVENT_KIND_MIGRATED
     assert event.from_worker == node.worker_id and event.to_worker == "worker-b"

@@ -15,9 +15,9 @@ from tests.notice.conftest import worker_flags
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,
     StreamReader,
-    assemble,
     generate,
     greedy_request,
+    resume_stream,
     wait_until,
 )
 from tests.support.redis_server import RedisServer
@@ -27,18 +27,6 @@ WAITING_PROMPT = [10 + (7 * j) % 480 for j in range(62)]  # 61 tokens of KV once
 RUNNING_MAX_TOKENS = 900
 WAITING_MAX_TOKENS = 40
 NOTICE_SECONDS = 20.0
-
-
-def _resume(standby: WorkerProcess, request_id: str, from_index: int) -> tuple:  # type: ignore[type-arg]
-    responses = list(
-        standby.stub.Resume(
-            worker_pb2.ResumeRequest(request_id=request_id, from_index=from_index),
-            timeout=STREAM_TIMEOUT_SECONDS,
-        )
-    )
-    assert responses[0].HasField("event"), "Resume must first report the recovery"
-    assert responses[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
-    return responses[0].event, assemble(responses[1:], start_index=from_index)
 
 
 def _status(store: RedisStore, request_id: str) -> RequestStatus | None:
@@ -103,7 +91,7 @@ def test_request_paused_before_it_was_scheduled_flushes_complete_and_recomputes_
     assert not waiting.tokens()
     assert store.get_request(waiting_id).status == RequestStatus.PAUSED
 
-    event, resumed = _resume(standby, waiting_id, 0)
+    event, resumed = resume_stream(standby, waiting_id, 0)
     assert event.kind == common_pb2.EVENT_KIND_MIGRATED
     assert (event.loaded_tokens, event.recomputed_tokens) == (0, 0), event
     reference = generate(
@@ -112,7 +100,7 @@ def test_request_paused_before_it_was_scheduled_flushes_complete_and_recomputes_
     assert resumed == reference
 
     received = running.tokens()
-    event, rest = _resume(standby, running_id, len(received))
+    event, rest = resume_stream(standby, running_id, len(received))
     assert event.kind == common_pb2.EVENT_KIND_MIGRATED and event.recomputed_tokens == 0, event
     assert event.loaded_tokens == len(RUNNING_PROMPT) + progress[running_id].committed_tokens - 1
     reference = generate(

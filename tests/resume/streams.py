@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 
-from protos.spotinfer.v1 import common_pb2
+from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
 
 STREAM_TIMEOUT_SECONDS = 300.0
@@ -33,6 +33,22 @@ def assemble(responses: Sequence[common_pb2.GenerateResponse], start_index: int 
             assert response.index == start_index + len(tokens), "indices must be contiguous"
             tokens.extend(response.token_ids)
     return tokens
+
+
+def resume_stream(
+    worker: WorkerProcess, request_id: str, from_index: int
+) -> tuple[common_pb2.Event, list[int]]:
+    """Worker.Resume to its end: the recovery event it must send first, and the tokens after
+    it (contiguous from ``from_index``)."""
+    responses = list(
+        worker.stub.Resume(
+            worker_pb2.ResumeRequest(request_id=request_id, from_index=from_index),
+            timeout=STREAM_TIMEOUT_SECONDS,
+        )
+    )
+    assert responses[0].HasField("event"), "Resume must first report the recovery"
+    assert responses[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    return responses[0].event, assemble(responses[1:], start_index=from_index)
 
 
 def generate(worker: WorkerProcess, request: common_pb2.GenerateRequest) -> list[int]:

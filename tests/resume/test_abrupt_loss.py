@@ -29,9 +29,9 @@ from tests.resume.conftest import BLOCK_TOKENS, worker_flags
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,
     StreamReader,
-    assemble,
     generate,
     greedy_request,
+    resume_stream,
     wait_until,
 )
 from tests.support.redis_server import RedisServer
@@ -92,20 +92,6 @@ def generate_then_kill(
     return reader.tokens()
 
 
-def resume(
-    standby: WorkerProcess, request_id: str, from_index: int
-) -> tuple[common_pb2.Event, list[int]]:
-    responses = list(
-        standby.stub.Resume(
-            worker_pb2.ResumeRequest(request_id=request_id, from_index=from_index),
-            timeout=STREAM_TIMEOUT_SECONDS,
-        )
-    )
-    assert responses[0].HasField("event"), "Resume must first report the recovery"
-    assert responses[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
-    return responses[0].event, assemble(responses[1:], start_index=from_index)
-
-
 def test_abrupt_loss_resumes_on_another_worker_with_identical_output(
     tiny_model: Path,
     redis_server: RedisServer,
@@ -128,7 +114,7 @@ def test_abrupt_loss_resumes_on_another_worker_with_identical_output(
     persisted = persisted_blocks(store, fingerprint, prompt + committed)
     assert persisted >= MIN_PERSISTED_BLOCKS
 
-    event, resumed = resume(standby, request_id, from_index=len(received))
+    event, resumed = resume_stream(standby, request_id, from_index=len(received))
 
     # B persists from where A stopped (checked before the reference run stores the same
     # content-addressed blocks), and once the request ends its keys are gone.
@@ -175,7 +161,7 @@ def test_corrupted_block_is_rejected_and_recomputed(
         client.close()
 
     # From index 0: the client lost everything, so B also replays the committed tokens.
-    event, resumed = resume(standby, request_id, from_index=0)
+    event, resumed = resume_stream(standby, request_id, from_index=0)
 
     reference = generate(standby, greedy_request("corrupted-block-reference", prompt, MAX_TOKENS))
     assert resumed == reference
