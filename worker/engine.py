@@ -12,7 +12,8 @@ and the numbers the coordinator routes by.
 With a store, every request carries our id to the spot KV connector (which persists its KV
 blocks) and its tokens go to the committer; `resume` continues a request another worker
 started, from the store. `preempt` is the termination notice: stop admitting, pause every
-request at an iteration boundary (a vLLM abort, which makes the connector flush it), and
+request at an iteration boundary (a vLLM abort at the end of the step in flight, whose
+token still reaches the stream; the abort makes the connector flush the request), and
 report each one once its state is complete in the store::
 
     preempt(deadline) ─▶ draining ─▶ abort all (paused) ─▶ streams end with a NOTICE event
@@ -46,6 +47,7 @@ from spotinfer.requests import (
     TokenChunk,
 )
 from spotinfer.validation import Limits, check_prompt_tokens, check_sampling
+from worker.boundary_abort import abort_at_step_boundary
 from worker.config import WorkerConfig, engine_environment
 from worker.constants import (
     DEFAULT_PREEMPT_GRACE_SECONDS,
@@ -348,9 +350,10 @@ class Engine:
                 yield chunk
 
     async def resume(self, request_id: str, from_index: int) -> AsyncGenerator[TokenChunk, None]:
-        """Continues a request from the store: first a RECOVERED event (how many prefill
-        tokens were loaded and how many recomputed), then every token from ``from_index`` on
-        (committed ones the client lacks, then new ones, indices continuing). Raises
+        """Continues a request from the store, streaming every token from ``from_index`` on:
+        first the committed ones the client lacks (at once, from the store), then, once the
+        engine has taken the request, a MIGRATED or RECOVERED event (how many prefill tokens
+        were loaded and how many recomputed) and the new tokens, indices continuing. Raises
         RecordNotFound or CannotResume."""
         self._check_admission(request_id)
         if self._store is None or self._committer is None:
@@ -381,6 +384,19 @@ class Engine:
             KV_PARAM_RESUME: True,
             KV_PARAM_FIRST_INDEX: point.next_index,
         }
+        if from_index < point.next_index:
+            # Committed, but the client never saw them: the pause dropped the token of the
+            # step in flight (vLLM takes an abort before that step's output), the client's
+            # stream lagged, or the old worker died between the commit and the send. They
+            # need no engine, so they go out now, a step before the first new token. Text
+            # is left out (the coordinator decodes them).
+            yield TokenChunk(
+                request_id,
+                from_index,
+                token_ids=point.committed_token_ids[from_index:],
+                worker_id=self.config.worker_id,
+            )
+        event_index = max(from_index, point.next_index)
         first = True
         async with contextlib.aclosing(self._stream(request, point.next_index, kv_params)) as steps:
             async for chunk, cached_tokens in steps:
@@ -389,18 +405,8 @@ class Engine:
                     if self._staging is not None:  # loaded by now: the copies can go
                         self._staging.drop(request_id)
                     yield self._recovered_chunk(
-                        point, from_index, len(point.engine_prompt), cached_tokens or 0, staged
+                        point, event_index, len(point.engine_prompt), cached_tokens or 0, staged
                     )
-                    if from_index < point.next_index:
-                        # Committed, but the client never saw them: its stream lagged the
-                        # engine at the pause, or the old worker died between the commit and
-                        # the send. Text is left out (the coordinator decodes them).
-                        yield TokenChunk(
-                            request_id,
-                            from_index,
-                            token_ids=point.committed_token_ids[from_index:],
-                            worker_id=self.config.worker_id,
-                        )
                 trimmed = _from_index(chunk, from_index)
                 if trimmed is not None:
                     yield trimmed
@@ -408,7 +414,7 @@ class Engine:
     def _recovered_chunk(
         self,
         point: ResumePoint,
-        from_index: int,
+        index: int,
         prompt_tokens: int,
         cached_tokens: int,
         staged_blocks: int = 0,
@@ -436,7 +442,7 @@ class Engine:
         log.info("request %s %s", point.record.request_id, detail)
         return TokenChunk(
             request_id=point.record.request_id,
-            index=from_index,
+            index=index,
             event=Event(
                 kind=kind,
                 from_worker=point.record.owner_worker_id,
@@ -679,8 +685,10 @@ class Engine:
             len(paused),
             deadline_unix - time.time(),
         )
-        # One abort message: vLLM finishes them all in one scheduler pass, so the connector
-        # orders all of their writes together.
+        # One abort: vLLM finishes them all in one scheduler pass, so the connector orders all
+        # of their writes together. It waits for the end of the step in flight, whose tokens
+        # reach the streams; the plain abort after it ends the streams.
+        await abort_at_step_boundary(self._llm, list(paused))
         await self._llm.abort(list(paused))
         await asyncio.wait(
             [asyncio.ensure_future(running.done.wait()) for running in paused.values()],
