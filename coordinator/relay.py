@@ -325,13 +325,16 @@ class Relay:
         self._readers += 1
         try:
             cursor = 0
+            told = False
             while True:
                 while cursor < len(self._chunks):
-                    chunk = self._slice(self._chunks[cursor], from_index)
-                    if cursor == 0 and chunk is None and self._adoption_event():
-                        # Readers of an adopted request join past index 0, where the
+                    kept = self._chunks[cursor]
+                    chunk = self._slice(kept, from_index)
+                    if chunk is None and not told and self._adoption_event(kept):
+                        # Readers of an adopted request may join past the index where the
                         # resume's event sits: each is told how its request went on.
-                        chunk = dataclasses.replace(self._chunks[0], index=from_index)
+                        chunk = dataclasses.replace(kept, index=from_index)
+                    told = told or (kept.event is not None and not kept.token_ids)
                     cursor += 1
                     if chunk is not None:
                         yield chunk
@@ -345,9 +348,9 @@ class Relay:
             if not self._readers and self.status == RelayStatus.QUEUED:
                 self._abandon()
 
-    def _adoption_event(self) -> bool:
-        first = self._chunks[0]
-        return self.adopted and first.event is not None and not first.token_ids
+    def _adoption_event(self, chunk: TokenChunk) -> bool:
+        """``chunk`` is the resume's event of an adopted request (its first event)."""
+        return self.adopted and chunk.event is not None and not chunk.token_ids
 
     def _abandon(self) -> None:
         """Takes a queued request out of its queue and ends it as CANCELLED (synchronous:

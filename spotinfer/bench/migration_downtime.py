@@ -16,15 +16,19 @@ and persists its tail, and the coordinator resumes it on B from the client's nex
 
 Measured on the client (per token arrival times, `time.time()`):
 
-- ``gap_ms``: the switch — last token from A to the first token after the MIGRATED event;
+- ``gap_ms``: the switch — the longest gap between consecutive tokens from the last token A
+  streamed to the first token B generated (after the MIGRATED event). Tokens A generated
+  but never streamed (the pause drops the step in flight) come from the store in between,
+  as B takes the request: ``to_stored_ms`` is the gap before them, ``to_new_ms`` the one
+  after them (the whole switch when there are none);
 - ``step_ms``: the median inter-token time of the tokens before the notice (one decode step);
 - ``gap_steps`` = gap / step;
 
 and, from the logs of the coordinator (the line it writes when the flush report has arrived
 and it calls Worker.Resume), where the gap goes: ``pause_ms`` (last A token -> the NOTICE
 event that ends A's stream), ``flush_wait_ms`` (NOTICE event -> flush report at the
-coordinator), ``resume_ms`` (Resume call -> first token from B: record read, block loads,
-one step); and ``staging_ms`` (the stages before the pause, while A decodes: not downtime) with
+coordinator), ``resume_ms`` (Resume call -> first new token from B: record read, block
+loads, one step); and ``staging_ms`` (the stages before the pause, while A decodes: not downtime) with
 ``staged_blocks``. Medians over repeats; targets: 4k / 256 <= 1.5 and gap <= 3 decode steps.
 """
 
@@ -43,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from rich.progress import Progress
 
 from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2, control_pb2
@@ -210,21 +215,26 @@ def _measure(
     stream: ClientStream, coordinator: CoordinatorProcess, request_id: str, prompt_tokens: int
 ) -> dict[str, Any]:
     notice_at, tokens_from_a, _ = stream.event(common_pb2.EVENT_KIND_NOTICE)
-    migrated_at, _, migrated = stream.event(common_pb2.EVENT_KIND_MIGRATED)
+    migrated_at, tokens_before_new, migrated = stream.event(common_pb2.EVENT_KIND_MIGRATED)
     times = stream.token_times
     last_a = times[tokens_from_a - 1]
-    first_b = times[tokens_from_a]
+    first_b = times[tokens_before_new]
+    switch = times[tokens_from_a - 1 : tokens_before_new + 1]
+    gap = max(b - a for a, b in zip(switch, switch[1:], strict=False))
+    stored_at = times[tokens_from_a] if tokens_before_new > tokens_from_a else first_b
     before = [
         b - a for a, b in zip(times[: tokens_from_a - 1], times[1:tokens_from_a], strict=True)
     ]
     # Steady decode only: the first few steps after the prefill can be uneven.
     step = statistics.median(before[4:] or before)
     resume_called = _migrating_at(coordinator, request_id)
-    gap = first_b - last_a
     return {
         "context_tokens": prompt_tokens + tokens_from_a,
         "tokens_from_source": tokens_from_a,
+        "tokens_from_store": tokens_before_new - tokens_from_a,
         "gap_ms": gap * 1000,
+        "to_stored_ms": (stored_at - last_a) * 1000,
+        "to_new_ms": (first_b - stored_at) * 1000,
         "step_ms": step * 1000,
         "gap_steps": gap / step,
         "max_gap_ms": max(b - a for a, b in zip(times, times[1:], strict=False)) * 1000,
@@ -273,6 +283,9 @@ def summarize(samples: list[dict[str, Any]], contexts: list[int]) -> list[dict[s
             "gap_ms",
             "step_ms",
             "gap_steps",
+            "to_stored_ms",
+            "to_new_ms",
+            "tokens_from_store",
             "pause_ms",
             "flush_wait_ms",
             "resume_ms",
@@ -298,7 +311,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for name, label in (
         ("pause_ms_median", "pause (last token from A -> NOTICE)"),
         ("flush_wait_ms_median", "flush wait (NOTICE -> flush report)"),
-        ("resume_ms_median", "resume on B (Resume -> first token)"),
+        ("resume_ms_median", "resume on B (Resume -> first new token)"),
+        ("to_stored_ms_median", "last token from A -> A's unstreamed token, from the store"),
+        ("to_new_ms_median", "-> first new token from B"),
     ):
         axis.plot(contexts, [r[name] for r in rows], marker=".", linestyle="--", label=label)
     axis.plot(
@@ -342,8 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         redis = stack.enter_context(RedisProcess())
         standby = start_node(stack, model, redis.url, "worker-b", args.log_dir / "standby")
+        progress = stack.enter_context(Progress(transient=False))
+        task = progress.add_task("migrations", total=args.repeats * len(contexts))
         for repeat in range(args.repeats):  # interleaved: the box is shared
             for context in contexts:
+                progress.update(task, description=f"migration at {context} tokens")
                 prompt = texts.prompt(context - TOKENS_BEFORE_NOTICE, seed=1000 * repeat + context)
                 request_id = f"downtime-{context}-{repeat}"
                 sample = one_sample(
@@ -351,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 sample.update(context=context, repeat=repeat)
                 samples.append(sample)
-                print(json.dumps(sample), flush=True)
+                progress.console.print(json.dumps(sample))
+                progress.advance(task)
     rows = summarize(samples, contexts)
     by_context = {r["context"]: r for r in rows}
     result: dict[str, Any] = {
@@ -370,8 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"context {row['context']:>5}: gap {row['gap_ms_median']:7.1f} ms = "
             f"{row['gap_steps_median']:5.1f} steps of {row['step_ms_median']:.1f} ms "
-            f"(pause {row['pause_ms_median']:.1f}, flush wait {row['flush_wait_ms_median']:.1f}, "
-            f"resume {row['resume_ms_median']:.1f}); recomputed {row['recomputed_tokens']}"
+            f"(to the stored tokens {row['to_stored_ms_median']:.1f}, then to the first new "
+            f"{row['to_new_ms_median']:.1f}; pause {row['pause_ms_median']:.1f}, flush wait "
+            f"{row['flush_wait_ms_median']:.1f}, resume {row['resume_ms_median']:.1f}); "
+            f"recomputed {row['recomputed_tokens']}"
         )
     if "ratio_longest_to_shortest" in result:
         print(f"ratio {contexts[-1]}/{contexts[0]}: {result['ratio_longest_to_shortest']:.2f}")

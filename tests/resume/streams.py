@@ -38,17 +38,29 @@ def assemble(responses: Sequence[common_pb2.GenerateResponse], start_index: int 
 def resume_stream(
     worker: WorkerProcess, request_id: str, from_index: int
 ) -> tuple[common_pb2.Event, list[int]]:
-    """Worker.Resume to its end: the recovery event it must send first, and the tokens after
-    it (contiguous from ``from_index``)."""
+    """Worker.Resume to its end: the recovery event it must send (once, before any new
+    token), and the tokens (contiguous from ``from_index``)."""
     responses = list(
         worker.stub.Resume(
             worker_pb2.ResumeRequest(request_id=request_id, from_index=from_index),
             timeout=STREAM_TIMEOUT_SECONDS,
         )
     )
-    assert responses[0].HasField("event"), "Resume must first report the recovery"
+    return recovery_event(responses, from_index), assemble(responses, start_index=from_index)
+
+
+def recovery_event(
+    responses: Sequence[common_pb2.GenerateResponse], from_index: int
+) -> common_pb2.Event:
+    """The one event of a Resume stream, checked in place: only committed tokens (the ones
+    the client lacked) may come before it, the new ones after it, then the finish."""
+    events = [i for i, r in enumerate(responses) if r.HasField("event")]
+    assert len(events) == 1, "Resume must report the recovery once"
+    (at,) = events
+    event = responses[at]
+    assert event.index == from_index + sum(len(r.token_ids) for r in responses[:at])
     assert responses[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
-    return responses[0].event, assemble(responses[1:], start_index=from_index)
+    return event.event
 
 
 def generate(worker: WorkerProcess, request: common_pb2.GenerateRequest) -> list[int]:

@@ -34,6 +34,7 @@ from tests.resume.streams import (
     assemble,
     generate,
     greedy_request,
+    recovery_event,
     wait_until,
 )
 from tests.resume.test_abrupt_loss import persisted_blocks
@@ -132,8 +133,8 @@ def test_prefetched_blocks_are_loaded_from_staging_after_the_pause(
             timeout=STREAM_TIMEOUT_SECONDS,
         )
     )
-    event = responses[0].event
-    resumed = assemble(responses[1:], start_index=len(received))
+    event = recovery_event(responses, len(received))
+    resumed = assemble(responses, start_index=len(received))
     assert event.kind == common_pb2.EVENT_KIND_MIGRATED
     assert event.recomputed_tokens == 0
     assert f"{second.staged_blocks} blocks prefetched before the pause" in event.detail
