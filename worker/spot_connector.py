@@ -83,7 +83,14 @@ from worker.constants import (
     SPOT_CONNECTOR_MODULE,
 )
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
-from worker.kv_layout import check_tensors, copy_block, kv_format_for, layer_names, load_block
+from worker.kv_layout import (
+    check_tensors,
+    copy_block,
+    geometry_for,
+    kv_format_for,
+    layer_names,
+    load_block,
+)
 from worker.kv_staging import read_staged
 from worker.persist_stats import (
     CACHED_BLOCKS,
@@ -153,6 +160,7 @@ class BlockLoad:
     block_id: int
     payload: Buffer
     staged: bool = False  # from the staging memory of a migration, not from Redis
+    num_tokens: int = 0  # below the block size: a partial tail
 
 
 @dataclass
@@ -218,11 +226,13 @@ class SpotKVConnector(KVConnectorBase_V1):
 
         extra = self._kv_transfer_config
         self._policy = str(extra.get_from_extra_config("policy", "eager"))
+        device_type = str(current_platform.device_type)
         self._kv_format: KVFormat = kv_format_for(
             kv_cache_config,
             str(extra.get_from_extra_config("model_fingerprint", "")),
-            str(current_platform.device_type),
+            device_type,
         )
+        self._geometry = geometry_for(kv_cache_config, device_type)
         self._header_bytes = header_bytes(self._kv_format)
         self._num_blocks = int(kv_cache_config.num_blocks)
         self._layer_names = layer_names(kv_cache_config)
@@ -370,7 +380,12 @@ class SpotKVConnector(KVConnectorBase_V1):
         block_ids = blocks.get_block_ids()[0]
         for offset, block in enumerate(plan.blocks):
             self._loads.append(
-                BlockLoad(block_ids[plan.first_block + offset], block.payload, offset < plan.staged)
+                BlockLoad(
+                    block_ids[plan.first_block + offset],
+                    block.payload,
+                    offset < plan.staged,
+                    0 if block.is_full else block.num_tokens,
+                )
             )
         # A loaded tail is not a saved block: once full it must be saved like any other.
         full = [block for block in plan.blocks if block.is_full]
@@ -549,7 +564,7 @@ class SpotKVConnector(KVConnectorBase_V1):
         assert isinstance(meta, SpotConnectorMetadata)
         self._found_cached += meta.cached_blocks
         for load in meta.loads:
-            load_block(self._tensors, load.block_id, load.payload)
+            load_block(self._tensors, load.block_id, load.payload, self._geometry, load.num_tokens)
             if load.staged:
                 self._loaded_staged += 1
             else:
@@ -580,7 +595,13 @@ class SpotKVConnector(KVConnectorBase_V1):
                     request_id=save.request_id,
                     block_index=save.block_index,
                     prefix_hash=save.prefix_hash,
-                    data=copy_block(self._tensors, save.block_id, self._header_bytes),
+                    data=copy_block(
+                        self._tensors,
+                        save.block_id,
+                        self._header_bytes,
+                        self._geometry,
+                        save.num_tokens,
+                    ),
                     num_tokens=save.num_tokens,
                 ),
                 required=save.required,
