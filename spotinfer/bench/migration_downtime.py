@@ -228,6 +228,7 @@ def _measure(
     # Steady decode only: the first few steps after the prefill can be uneven.
     step = statistics.median(before[4:] or before)
     resume_called = _migrating_at(coordinator, request_id)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     return {
         "context_tokens": prompt_tokens + tokens_from_a,
         "tokens_from_source": tokens_from_a,
@@ -237,7 +238,10 @@ def _measure(
         "to_new_ms": (first_b - stored_at) * 1000,
         "step_ms": step * 1000,
         "gap_steps": gap / step,
-        "max_gap_ms": max(b - a for a, b in zip(times, times[1:], strict=False)) * 1000,
+        "max_gap_ms": max(gaps) * 1000,
+        # Where the stream's longest gap fell, in tokens after the last one from A (<= 0:
+        # before the switch, while the standby staged and warmed the blocks).
+        "max_gap_after_switch": gaps.index(max(gaps)) + 1 - (tokens_from_a - 1),
         "pause_ms": (notice_at - last_a) * 1000,
         "flush_wait_ms": (resume_called - notice_at) * 1000,
         "resume_ms": (first_b - resume_called) * 1000,
@@ -312,8 +316,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ("pause_ms_median", "pause (last token from A -> NOTICE)"),
         ("flush_wait_ms_median", "flush wait (NOTICE -> flush report)"),
         ("resume_ms_median", "resume on B (Resume -> first new token)"),
-        ("to_stored_ms_median", "last token from A -> A's unstreamed token, from the store"),
-        ("to_new_ms_median", "-> first new token from B"),
     ):
         axis.plot(contexts, [r[name] for r in rows], marker=".", linestyle="--", label=label)
     axis.plot(
