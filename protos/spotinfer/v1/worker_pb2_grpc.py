@@ -88,7 +88,9 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Resume(self, request, context):
-        """Continues a request from its persisted state (record, committed tokens, KV blocks).
+        """Continues a request from its persisted state (record, committed tokens, KV blocks):
+        first the committed tokens from from_index on (at once, from the store), then, once the
+        engine has taken the request, a MIGRATED or RECOVERED event and the new tokens.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

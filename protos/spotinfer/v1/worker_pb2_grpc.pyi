@@ -35,7 +35,10 @@ class WorkerStub:
     def __new__(cls, channel: _aio.Channel) -> WorkerAsyncStub: ...
     Generate: _grpc.UnaryStreamMultiCallable[_common_pb2.GenerateRequest, _common_pb2.GenerateResponse]
     Resume: _grpc.UnaryStreamMultiCallable[_worker_pb2.ResumeRequest, _common_pb2.GenerateResponse]
-    """Continues a request from its persisted state (record, committed tokens, KV blocks)."""
+    """Continues a request from its persisted state (record, committed tokens, KV blocks):
+    first the committed tokens from from_index on (at once, from the store), then, once the
+    engine has taken the request, a MIGRATED or RECOVERED event and the new tokens.
+    """
     Abort: _grpc.UnaryUnaryMultiCallable[_worker_pb2.AbortRequest, _worker_pb2.AbortResponse]
     Drain: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DrainRequest, _worker_pb2.DrainResponse]
     Stats: _grpc.UnaryUnaryMultiCallable[_worker_pb2.StatsRequest, _worker_pb2.WorkerStats]
@@ -61,7 +64,10 @@ class WorkerAsyncStub(WorkerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryStreamMultiCallable[_common_pb2.GenerateRequest, _common_pb2.GenerateResponse]  # type: ignore[assignment]
     Resume: _aio.UnaryStreamMultiCallable[_worker_pb2.ResumeRequest, _common_pb2.GenerateResponse]  # type: ignore[assignment]
-    """Continues a request from its persisted state (record, committed tokens, KV blocks)."""
+    """Continues a request from its persisted state (record, committed tokens, KV blocks):
+    first the committed tokens from from_index on (at once, from the store), then, once the
+    engine has taken the request, a MIGRATED or RECOVERED event and the new tokens.
+    """
     Abort: _aio.UnaryUnaryMultiCallable[_worker_pb2.AbortRequest, _worker_pb2.AbortResponse]  # type: ignore[assignment]
     Drain: _aio.UnaryUnaryMultiCallable[_worker_pb2.DrainRequest, _worker_pb2.DrainResponse]  # type: ignore[assignment]
     Stats: _aio.UnaryUnaryMultiCallable[_worker_pb2.StatsRequest, _worker_pb2.WorkerStats]  # type: ignore[assignment]
@@ -96,7 +102,10 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         request: _worker_pb2.ResumeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_common_pb2.GenerateResponse], _abc.AsyncIterator[_common_pb2.GenerateResponse]]:
-        """Continues a request from its persisted state (record, committed tokens, KV blocks)."""
+        """Continues a request from its persisted state (record, committed tokens, KV blocks):
+        first the committed tokens from from_index on (at once, from the store), then, once the
+        engine has taken the request, a MIGRATED or RECOVERED event and the new tokens.
+        """
 
     @_abc_1.abstractmethod
     def Abort(
