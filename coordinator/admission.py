@@ -7,8 +7,9 @@
 A worker's slots: `max_seqs_per_worker`, else the max_num_seqs its engine was sized for by
 the memory planner, so a burst waits here instead of overrunning the worker's KV memory;
 optionally fewer per SLA class. INTERACTIVE is served before BATCH: a freed slot goes to the
-oldest INTERACTIVE request that fits, and a new BATCH request never overtakes a waiting
-INTERACTIVE one.
+oldest INTERACTIVE request that fits, and a BATCH request only ever takes a slot that no
+waiting INTERACTIVE request can use (their class cap is reached on that worker) — a cap
+must not leave slots idle while requests wait. Within a class, first come first served.
 """
 
 from __future__ import annotations
@@ -117,7 +118,9 @@ class Admission:
         if not self._registry.routable() and self._pool.promote_one() is None:
             raise NoWorkerAvailable("no worker is ready to serve requests")
         ticket = Ticket(request)
-        if not self._waiting_ahead_of(sla):
+        # Waiting requests of a class before this one could use no free slot (every release
+        # pumps the queues), so a free slot this request fits is one they cannot take.
+        if not self._queues[sla]:
             lease = self._place(request)
             if lease is not None:
                 ticket.future.set_result(lease)
@@ -215,16 +218,11 @@ class Admission:
                     break
                 queue.popleft()
                 ticket.future.set_result(lease)
-            if queue:
-                # Strict priority: BATCH waits while INTERACTIVE requests do.
-                break
+            # INTERACTIVE requests still waiting fit nowhere now, so the next class gets only
+            # slots they cannot use (their class cap is reached).
         self._on_change()
 
     # -- internals -----------------------------------------------------------------------
-
-    def _waiting_ahead_of(self, sla: SlaClass) -> bool:
-        ahead = SERVICE_ORDER[: SERVICE_ORDER.index(sla) + 1]
-        return any(self._queues[s] for s in ahead)
 
     def _has_room(self, entry: WorkerEntry, sla: SlaClass) -> bool:
         if entry.in_flight_total >= self.worker_slots(entry):

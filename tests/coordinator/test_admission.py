@@ -190,3 +190,50 @@ def test_queued_request_whose_client_went_away_never_runs(
     responses = _attach_all(tight, request_id)
     assert responses[-1].finish_reason == common_pb2.FINISH_REASON_CANCELLED
     assert not list(itertools.chain.from_iterable(r.token_ids for r in responses))
+
+
+@pytest.fixture(scope="module")
+def capped(
+    workers: list[WorkerProcess], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CoordinatorProcess]:
+    """One worker, two slots on it: at most one for each SLA class."""
+    process = start_coordinator(
+        "--worker",
+        workers[0].address,
+        "--max-seqs-per-worker",
+        "2",
+        "--interactive-max-per-worker",
+        "1",
+        "--batch-max-per-worker",
+        "1",
+        "--interactive-queue-capacity",
+        "1",
+        "--batch-queue-capacity",
+        "1",
+        log_dir=tmp_path_factory.mktemp("capped-logs"),
+    )
+    yield process
+    process.stop()
+
+
+def test_batch_takes_a_slot_waiting_interactive_requests_cannot_use(
+    capped: CoordinatorProcess,
+) -> None:
+    """INTERACTIVE waits on its own class cap; the BATCH slot beside it must not idle."""
+    holder = capped.inference.Generate(greedy(PROMPT_IDS, LONG, "capped-holder"), timeout=120)
+    next(holder)
+    waiting = capped.inference.Generate(greedy(PROMPT_IDS, 4, "capped-waits"), timeout=120)
+    waiter = threading.Thread(target=lambda: list(waiting))
+    waiter.start()
+    try:
+        _wait_queue_depth(capped, 1)
+        batch = greedy(PROMPT_IDS, 4, "capped-batch", sla_class=common_pb2.SLA_CLASS_BATCH)
+        # It runs and finishes while the interactive one still waits for its class's slot.
+        assert len(assemble(list(capped.inference.Generate(batch, timeout=60)))) == 4
+        assert _queue_depth(capped, common_pb2.SLA_CLASS_INTERACTIVE) == 1
+        assert _queue_depth(capped, common_pb2.SLA_CLASS_BATCH) == 0
+    finally:
+        _cancel(capped, "capped-holder")
+        holder.cancel()
+        waiter.join(TIMEOUT_SECONDS)
+    assert len(assemble(_attach_all(capped, "capped-waits"))) == 4
