@@ -51,6 +51,11 @@ class CoordinatorProcess:
         self.channel: grpc.Channel | None = None
 
     def start(self) -> CoordinatorProcess:
+        if self.process is not None and self.process.poll() is None:
+            # A second process would find the port taken and exit, leaving the first one
+            # running with nobody to stop it.
+            raise RuntimeError(f"the coordinator on {self.address} is already running")
+        self._listening.clear()
         self.process = subprocess.Popen(
             self._cmd,
             cwd=REPO_ROOT,

@@ -45,17 +45,24 @@ def coordinator(
 ) -> Iterator[CoordinatorProcess]:
     """The shared coordinator in front of both workers (defaults otherwise)."""
     flags = [f for w in workers for f in ("--worker", w.address)]
-    with start_coordinator(
+    process = start_coordinator(
         *flags, "--model", str(tiny_model), log_dir=tmp_path_factory.mktemp("coordinator-logs")
-    ) as process:
+    )
+    try:
         yield process
+    finally:
+        process.stop()
 
 
 def start_coordinator(*flags: str, log_dir: Path, wait_serving: bool = True) -> CoordinatorProcess:
     process = CoordinatorProcess(*flags, "--heartbeat-interval-seconds", "0.5", log_dir=log_dir)
     process.start()
     if wait_serving:
-        wait_for_health(process, health_pb2.HealthCheckResponse.SERVING)
+        try:
+            wait_for_health(process, health_pb2.HealthCheckResponse.SERVING)
+        except BaseException:
+            process.stop()
+            raise
     return process
 
 
