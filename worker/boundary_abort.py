@@ -24,6 +24,11 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+UTILITY_TIMEOUT_SECONDS = 5.0
+"""Longest wait for the core to take the abort: a step ends well within it. Past it (a hung
+or dead core), the caller's plain abort goes out anyway; the late utility call is harmless
+(an abort of a finished request does nothing)."""
+
 _DRAIN_ROUNDS = 1000
 """Event-loop turns to wait for the output handler to take the step's outputs (each turn is
 microseconds; a backlog of 1000 outputs means something else is wrong)."""
@@ -45,7 +50,9 @@ async def abort_at_step_boundary(llm: Any, request_ids: Sequence[str]) -> bool:
     if not internal_ids:
         return False
     try:
-        await core.call_utility_async("abort_requests", internal_ids)
+        await asyncio.wait_for(
+            core.call_utility_async("abort_requests", internal_ids), UTILITY_TIMEOUT_SECONDS
+        )
     except Exception as exc:  # an engine without the utility: the plain abort still works
         log.warning("abort at a step boundary failed (%r); aborting eagerly", exc)
         return False
