@@ -7,6 +7,9 @@ token exactly once, in order:
     Generate ──▶ 0 1 2 3 ✗ (UNAVAILABLE)
     Attach(from_index=4) ─────▶ 4 5 6 … FINISH
 
+A request that had no token out yet and that the coordinator it reaches does not know (it
+was still queued when its coordinator went away) is submitted again under the same id.
+
 Tokens that arrive twice (a replay that overlaps) are dropped by index here as well, so
 the guarantee holds even against a server that repeats itself.
 """
@@ -92,6 +95,7 @@ class Client:
             message.prompt_token_ids.extend(prompt)
         delivered = 0
         attempts = 0
+        attaching = False
         responses = self._stub.Generate(message, timeout=self._config.timeout_seconds)
         while True:
             try:
@@ -104,12 +108,22 @@ class Client:
                 return
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
-                if code not in RETRYABLE or attempts >= self._config.reconnect_attempts:
+                # Unknown to the coordinator and not a token out yet: it never reached a
+                # worker before its coordinator went away. Submitted again under its id (a
+                # coordinator that does know it attaches instead of starting it twice).
+                submit_again = code == grpc.StatusCode.NOT_FOUND and attaching and not delivered
+                retryable = code in RETRYABLE or submit_again
+                if not retryable or attempts >= self._config.reconnect_attempts:
                     raise
             attempts += 1
             time.sleep(RECONNECT_BACKOFF_SECONDS)
+            if submit_again:
+                attaching = False
+                responses = self._stub.Generate(message, timeout=self._config.timeout_seconds)
+                continue
             if len(self._config.targets) > 1:
                 self._next_target()
+            attaching = True
             responses = self._stub.Attach(
                 inference_pb2.AttachRequest(request_id=request_id, from_index=delivered),
                 timeout=self._config.timeout_seconds,

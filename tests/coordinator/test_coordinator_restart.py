@@ -22,7 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from coordinator.local_process import CoordinatorProcess
-from protos.spotinfer.v1 import inference_pb2
+from protos.spotinfer.v1 import control_pb2, inference_pb2
 from spotinfer.client import Client, ClientConfig
 from spotinfer.local.worker_process import WorkerProcess
 from spotinfer.requests import EventKind, FinishReason, Sampling, TokenChunk
@@ -85,11 +85,16 @@ def persisting_workers(
 
 
 def _coordinator(
-    workers: list[WorkerProcess], redis_url: str, log_dir: Path, port: int | None = None
+    workers: list[WorkerProcess],
+    redis_url: str,
+    log_dir: Path,
+    port: int | None = None,
+    extra: tuple[str, ...] = (),
 ) -> CoordinatorProcess:
     flags = [f for w in workers for f in ("--worker", w.address)]
     process = CoordinatorProcess(
         *flags,
+        *extra,
         *("--failover-policy", "resume"),
         *("--redis-url", redis_url),
         *("--heartbeat-interval-seconds", "0.5"),
@@ -237,3 +242,51 @@ def test_second_replica_serves_attach_and_survives_the_first(
         second.stop()
     _check(streams, references, cut)
     assert "adopted" in second.output
+
+
+def test_a_request_still_queued_when_its_coordinator_died_is_submitted_again(
+    persisting_workers: list[WorkerProcess], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """It never reached a worker, so nothing of it is anywhere to attach to: the client
+    submits it again under its id, and it runs once, from the start."""
+    workers, one_slot = persisting_workers[:1], ("--max-seqs-per-worker", "1")
+    reference = _references(workers, "queued")[1]
+    first = _coordinator(workers, redis_server.url, tmp_path, extra=one_slot)
+    restarted: list[CoordinatorProcess] = []
+    holder = first.inference.Generate(greedy(PROMPTS[0], MAX_TOKENS, "queued-holder"), timeout=60)
+    next(holder)  # it holds the only slot
+    queued = ClientStream("queued-1")
+
+    def read() -> None:
+        config = ClientConfig(targets=(first.address,), reconnect_attempts=400)
+        try:
+            with Client(config) as client:
+                sampling = Sampling(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+                for chunk in client.stream(PROMPTS[1], sampling, request_id=queued.request_id):
+                    queued.chunks.append(chunk)
+        except BaseException as exc:  # reported by the test
+            queued.error = exc
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: _queued(first) == 1, "the request queued behind the holder")
+        _kill(first)
+        holder.cancel()
+        restarted.append(
+            _coordinator(workers, redis_server.url, tmp_path, port=first.port, extra=one_slot)
+        )
+        reader.join(STREAM_TIMEOUT_SECONDS)
+    finally:
+        for process in restarted:
+            process.stop()
+    assert not reader.is_alive(), "the stream never ended"
+    assert queued.error is None, f"{queued.error!r}"
+    assert queued.chunks[-1].finish_reason == FinishReason.LENGTH
+    queued.check_exactly_once()
+    assert queued.token_ids == reference
+
+
+def _queued(process: CoordinatorProcess) -> int:
+    status = process.control.ClusterStatus(control_pb2.ClusterStatusRequest(), timeout=10)
+    return sum(queue.depth for queue in status.queues)
