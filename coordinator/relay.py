@@ -330,11 +330,12 @@ class Relay:
                 while cursor < len(self._chunks):
                     kept = self._chunks[cursor]
                     chunk = self._slice(kept, from_index)
-                    if chunk is None and not told and self._adoption_event(kept):
+                    event_only = kept.event is not None and not kept.token_ids
+                    if chunk is None and event_only and self.adopted and not told:
                         # Readers of an adopted request may join past the index where the
                         # resume's event sits: each is told how its request went on.
                         chunk = dataclasses.replace(kept, index=from_index)
-                    told = told or (kept.event is not None and not kept.token_ids)
+                    told = told or event_only
                     cursor += 1
                     if chunk is not None:
                         yield chunk
@@ -347,10 +348,6 @@ class Relay:
             self._readers -= 1
             if not self._readers and self.status == RelayStatus.QUEUED:
                 self._abandon()
-
-    def _adoption_event(self, chunk: TokenChunk) -> bool:
-        """``chunk`` is the resume's event of an adopted request (its first event)."""
-        return self.adopted and chunk.event is not None and not chunk.token_ids
 
     def _abandon(self) -> None:
         """Takes a queued request out of its queue and ends it as CANCELLED (synchronous:

@@ -94,14 +94,16 @@ def _cpu_attention_isa(spec: Any) -> str:
         return ""
 
 
-def kv_format_for(kv_cache_config: Any, model_fingerprint: str, device_type: str) -> KVFormat:
-    """The KVFormat both connector roles derive from vLLM's KV cache config.
+def kv_format_for(
+    kv_cache_config: Any, model_fingerprint: str, device_type: str, geometry: BlockGeometry
+) -> KVFormat:
+    """The KVFormat both connector roles derive from vLLM's KV cache config and the
+    ``geometry_for`` it.
 
     The scheduler role never sees the tensors, so the format is built from the spec alone;
     the worker role checks the real tensors against it (``check_tensors``).
     """
     spec = attention_spec(kv_cache_config)
-    geometry = geometry_for(kv_cache_config, device_type)
     dtype = str(spec.dtype).removeprefix("torch.")
     tail = "filled" if geometry.trims(1) else "whole"
     layout = (
@@ -159,12 +161,23 @@ def copy_block(
     return buffer
 
 
+def _token_columns(
+    block: torch.Tensor, geometry: BlockGeometry, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of the first ``num_tokens`` token columns of one layer's block (or of a tail
+    payload shaped like one with ``num_tokens`` columns): per head K^T[:, :n] and V[:n]."""
+    heads, dim = geometry.kv_heads, geometry.head_dim
+    per_head = block.view(heads, 2, -1)
+    columns = per_head.shape[2] // dim
+    keys = per_head[:, 0].view(heads, dim, columns)[:, :, :num_tokens]
+    values = per_head[:, 1].view(heads, columns, dim)[:, :num_tokens]
+    return keys, values
+
+
 def _tail_columns(block: torch.Tensor, geometry: BlockGeometry, num_tokens: int) -> torch.Tensor:
-    """The first ``num_tokens`` token columns of one layer's block: per head K^T[:, :n], V[:n]."""
-    heads, tokens, dim = geometry.kv_heads, geometry.block_tokens, geometry.head_dim
-    per_head = block.reshape(heads, 2, tokens * dim)
-    keys = per_head[:, 0].reshape(heads, dim, tokens)[:, :, :num_tokens]
-    values = per_head[:, 1].reshape(heads, tokens, dim)[:, :num_tokens]
+    """The first ``num_tokens`` token columns of one layer's block, as one flat tensor."""
+    keys, values = _token_columns(block, geometry, num_tokens)
+    heads = geometry.kv_heads
     return torch.cat([keys.reshape(heads, -1), values.reshape(heads, -1)], dim=1).reshape(-1)
 
 
@@ -210,7 +223,6 @@ def _load_tail(
     geometry: BlockGeometry,
     num_tokens: int,
 ) -> None:
-    heads, tokens, dim = geometry.kv_heads, geometry.block_tokens, geometry.head_dim
     sizes = [geometry.tail_layer_bytes(num_tokens, tensor.element_size()) for tensor in tensors]
     if sum(sizes) != source.size:
         raise ValueError(
@@ -220,10 +232,8 @@ def _load_tail(
     offset = 0
     for tensor, size in zip(tensors, sizes, strict=True):
         chunk = torch.from_numpy(source[offset : offset + size].copy()).view(tensor.dtype)
-        columns = chunk.reshape(heads, 2, num_tokens * dim)
-        per_head = tensor[block_id].view(heads, 2, tokens * dim)
-        keys = per_head[:, 0].view(heads, dim, tokens)[:, :, :num_tokens]
-        keys.copy_(columns[:, 0].reshape(heads, dim, num_tokens))
-        values = per_head[:, 1].view(heads, tokens, dim)[:, :num_tokens]
-        values.copy_(columns[:, 1].reshape(heads, num_tokens, dim))
+        stored_keys, stored_values = _token_columns(chunk, geometry, num_tokens)
+        keys, values = _token_columns(tensor[block_id], geometry, num_tokens)
+        keys.copy_(stored_keys)
+        values.copy_(stored_values)
         offset += size

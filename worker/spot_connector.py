@@ -160,7 +160,7 @@ class BlockLoad:
     block_id: int
     payload: Buffer
     staged: bool = False  # from the staging memory of a migration, not from Redis
-    num_tokens: int = 0  # below the block size: a partial tail
+    num_tokens: int = 0  # tokens the payload holds; below the block size: a partial tail
 
 
 @dataclass
@@ -227,12 +227,13 @@ class SpotKVConnector(KVConnectorBase_V1):
         extra = self._kv_transfer_config
         self._policy = str(extra.get_from_extra_config("policy", "eager"))
         device_type = str(current_platform.device_type)
+        self._geometry = geometry_for(kv_cache_config, device_type)
         self._kv_format: KVFormat = kv_format_for(
             kv_cache_config,
             str(extra.get_from_extra_config("model_fingerprint", "")),
             device_type,
+            self._geometry,
         )
-        self._geometry = geometry_for(kv_cache_config, device_type)
         self._header_bytes = header_bytes(self._kv_format)
         self._num_blocks = int(kv_cache_config.num_blocks)
         self._layer_names = layer_names(kv_cache_config)
@@ -384,7 +385,7 @@ class SpotKVConnector(KVConnectorBase_V1):
                     block_ids[plan.first_block + offset],
                     block.payload,
                     offset < plan.staged,
-                    0 if block.is_full else block.num_tokens,
+                    block.num_tokens,
                 )
             )
         # A loaded tail is not a saved block: once full it must be saved like any other.

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -25,26 +26,32 @@ PROMPT_IDS = [5, 17, 42, 99]
 LONG = 900  # tokens: long enough to hold its slot while the test queues others
 
 
+def _one_worker_coordinator(
+    worker: WorkerProcess, log_dir: Path, *flags: str
+) -> Iterator[CoordinatorProcess]:
+    """A coordinator in front of ``worker`` with one place in each queue, and ``flags``."""
+    process = start_coordinator(
+        *("--worker", worker.address),
+        *("--interactive-queue-capacity", "1", "--batch-queue-capacity", "1"),
+        *flags,
+        log_dir=log_dir,
+    )
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
 @pytest.fixture(scope="module")
 def tight(
     workers: list[WorkerProcess], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[CoordinatorProcess]:
     """One worker, one slot on it, one place in each queue."""
-    process = start_coordinator(
-        "--worker",
-        workers[0].address,
-        "--max-seqs-per-worker",
-        "1",
-        "--interactive-queue-capacity",
-        "1",
-        "--batch-queue-capacity",
-        "1",
-        "--retry-after-ms",
-        "250",
-        log_dir=tmp_path_factory.mktemp("tight-logs"),
+    yield from _one_worker_coordinator(
+        workers[0],
+        tmp_path_factory.mktemp("tight-logs"),
+        *("--max-seqs-per-worker", "1", "--retry-after-ms", "250"),
     )
-    yield process
-    process.stop()
 
 
 def _cancel(process: CoordinatorProcess, request_id: str) -> None:
@@ -197,23 +204,12 @@ def capped(
     workers: list[WorkerProcess], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[CoordinatorProcess]:
     """One worker, two slots on it: at most one for each SLA class."""
-    process = start_coordinator(
-        "--worker",
-        workers[0].address,
-        "--max-seqs-per-worker",
-        "2",
-        "--interactive-max-per-worker",
-        "1",
-        "--batch-max-per-worker",
-        "1",
-        "--interactive-queue-capacity",
-        "1",
-        "--batch-queue-capacity",
-        "1",
-        log_dir=tmp_path_factory.mktemp("capped-logs"),
+    yield from _one_worker_coordinator(
+        workers[0],
+        tmp_path_factory.mktemp("capped-logs"),
+        *("--max-seqs-per-worker", "2"),
+        *("--interactive-max-per-worker", "1", "--batch-max-per-worker", "1"),
     )
-    yield process
-    process.stop()
 
 
 def test_batch_takes_a_slot_waiting_interactive_requests_cannot_use(

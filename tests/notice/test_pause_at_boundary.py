@@ -7,14 +7,12 @@ worker's batch-size histogram sums the requests of each step — gave the client
 from __future__ import annotations
 
 import time
-import urllib.request
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from context_daemon.store import RedisStore, RequestStatus
 from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
+from tests.metrics.scrape import scrape
 from tests.notice.conftest import worker_flags
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,
@@ -34,13 +32,9 @@ NOTICE_SECONDS = 20.0
 
 def _request_steps(worker: WorkerProcess) -> float:
     """Sum of spotinfer_worker_batch_size: requests run, over every engine step so far."""
-    with urllib.request.urlopen(worker.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "spotinfer_worker_batch_size_sum":
-                return sample.value
-    raise AssertionError("the worker exports no batch-size histogram")
+    metrics = scrape(worker.metrics_url)
+    assert metrics.has("spotinfer_worker_batch_size_sum"), "no batch-size histogram"
+    return metrics.value("spotinfer_worker_batch_size_sum")
 
 
 def test_the_step_in_flight_at_a_pause_reaches_the_client(

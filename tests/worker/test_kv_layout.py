@@ -42,10 +42,13 @@ def test_a_trimmed_tail_lands_where_the_kernel_writes_it(
 ) -> None:
     generator = torch.Generator().manual_seed(num_tokens)
     geometry = BlockGeometry(HEADS, BLOCK_TOKENS, HEAD_DIM, isa)
-    keys = [torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(dtype)]
-    keys.append(torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(dtype))
-    values = [torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(dtype)]
-    values.append(torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(dtype))
+    keys, values = (
+        [
+            torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(dtype)
+            for _ in range(LAYERS)
+        ]
+        for _ in ("keys", "values")
+    )
 
     source = [_garbage(generator, dtype) for _ in range(LAYERS)]
     for layer in range(LAYERS):
