@@ -60,13 +60,13 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy protos coordinator worker context_daemon spotinfer
+	$(BIN)/mypy protos coordinator worker context_daemon spotinfer benchmarks
 
 protos: setup
 	$(BIN)/python -m spotinfer.protogen
 
 bench: setup model
-	$(BIN)/python -m spotinfer.bench.worker_throughput --json docs/bench/worker_throughput.json
+	$(BIN)/python -m benchmarks.worker_throughput --json docs/bench/worker_throughput.json
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache

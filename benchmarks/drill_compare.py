@@ -2,7 +2,7 @@
 drill (SpotServe's A_S availability trace, time-scaled), each run once per failover policy on
 the same arrivals, and what the clients saw.
 
-    python -m spotinfer.bench.drill_compare [--model smollm2-135m] [--scenarios rolling,trace]
+    python -m benchmarks.drill_compare [--model smollm2-135m] [--scenarios rolling,trace]
         [--rate 0.5] [--output-tokens 96,160] [--rolling-duration 300] [--rolling-interval 30]
         [--trace ../shared/traces/spotserve/As.jsonl] [--trace-time-scale 0.1]
         [--slo-seconds auto] [--json docs/bench/drill_compare.json]
@@ -48,15 +48,22 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import (
+    benchmark_parser,
+    percentile,
+    plot_figure,
+    resolve_model_arg,
+    write_json,
+)
 from spotinfer.drills.report import goodput_rps
 from spotinfer.drills.runner import DrillOptions, plan, run_drill
 from spotinfer.drills.scenarios import trace_span_seconds
-from spotinfer.loadgen import RequestTrace, percentile
+from spotinfer.loadgen import RequestTrace
 from spotinfer.local.cluster import ClusterConfig, LocalCluster
 
 POLICIES = ("spotinfer", "reroute")
 SCENARIOS = ("rolling", "trace")
-DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "spotserve" / "As.jsonl"
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "spotserve" / "As.jsonl"
 SLO_FACTOR = 2.0  # auto SLO: this × the median e2e of undisturbed requests
 DISTURBED_EVENTS = frozenset({"notice", "migrated", "recovered", "resumed"})
 
@@ -286,47 +293,38 @@ def _fmt(value: float | None) -> str:
 
 def plot(result: dict[str, Any], runs: dict[str, list[PolicyRun]], path: Path) -> None:
     """Per scenario, the e2e latency CDF of each policy, with the SLO and P99 marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     scenarios = result["scenarios"]
-    figure, axes = plt.subplots(1, len(scenarios), figsize=(6 * len(scenarios), 4.2))
-    axes = [axes] if len(scenarios) == 1 else list(axes)
-    colours = {"spotinfer": "tab:blue", "reroute": "tab:red"}
-    for axis, scenario in zip(axes, scenarios, strict=True):
-        for run in runs[scenario["scenario"]]:
-            e2e = sorted(e for e in run.e2e_seconds if e is not None)
-            if not e2e:
-                continue
-            share = [(i + 1) / len(run.e2e_seconds) for i in range(len(e2e))]
-            colour = colours.get(run.policy, "tab:gray")
-            axis.step(e2e, share, where="post", color=colour, label=f"{run.policy}")
-            p99 = percentile(e2e, 0.99)
-            axis.axvline(p99, color=colour, ls=":", lw=1)
-            axis.annotate(f"P99 {p99:.1f} s", (p99, 0.45), rotation=90, fontsize=7, color=colour)
-        if math.isfinite(scenario["slo_seconds"]):
-            axis.axvline(scenario["slo_seconds"], color="black", ls="--", lw=1, label="SLO")
-        ratio = scenario["ratios"].get("p99_reroute_over_spotinfer")
-        axis.set_title(f"{scenario['scenario']}: P99 reroute/spotinfer {_fmt(ratio)}", fontsize=10)
-        axis.set_xlabel("end-to-end latency (s)")
-        axis.set_ylabel("share of requests completed")
-        axis.set_ylim(0, 1.02)
-        axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=8, loc="lower right")
-    figure.suptitle(f"Preemption drills, {Path(result['model']).name} on CPU", fontsize=11)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with plot_figure(path, columns=len(scenarios), size_inches=(6, 4.2)) as (figure, axes):
+        colours = {"spotinfer": "tab:blue", "reroute": "tab:red"}
+        for axis, scenario in zip(axes, scenarios, strict=True):
+            for run in runs[scenario["scenario"]]:
+                e2e = sorted(e for e in run.e2e_seconds if e is not None)
+                if not e2e:
+                    continue
+                share = [(i + 1) / len(run.e2e_seconds) for i in range(len(e2e))]
+                colour = colours.get(run.policy, "tab:gray")
+                axis.step(e2e, share, where="post", color=colour, label=f"{run.policy}")
+                p99 = percentile(e2e, 0.99)
+                axis.axvline(p99, color=colour, ls=":", lw=1)
+                axis.annotate(
+                    f"P99 {p99:.1f} s", (p99, 0.45), rotation=90, fontsize=7, color=colour
+                )
+            if math.isfinite(scenario["slo_seconds"]):
+                axis.axvline(scenario["slo_seconds"], color="black", ls="--", lw=1, label="SLO")
+            ratio = scenario["ratios"].get("p99_reroute_over_spotinfer")
+            axis.set_title(
+                f"{scenario['scenario']}: P99 reroute/spotinfer {_fmt(ratio)}", fontsize=10
+            )
+            axis.set_xlabel("end-to-end latency (s)")
+            axis.set_ylabel("share of requests completed")
+            axis.set_ylim(0, 1.02)
+            axis.grid(True, alpha=0.3)
+            axis.legend(fontsize=8, loc="lower right")
+        figure.suptitle(f"Preemption drills, {Path(result['model']).name} on CPU", fontsize=11)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="smollm2-135m", help="model folder or name")
+    parser = benchmark_parser(__doc__, plot=True)
     parser.add_argument("--scenarios", default="rolling,trace")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--rate", type=float, default=0.5, help="requests/s (Poisson)")
@@ -345,8 +343,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # (at 2048 and 1 GiB, float32 SmolLM2 gets max_num_seqs 4 and everything queues).
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--memory-gib", type=float, default=1.5, help="per worker")
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/drill-compare"))
     args = parser.parse_args(argv)
     if args.rate <= 0:
@@ -371,9 +367,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             float(args.slo_seconds)
         except ValueError:
             parser.error("--slo-seconds must be a number of seconds or auto")
-    from spotinfer.models.smollm2 import resolve_model
-
-    args.model_path = str(resolve_model(args.model))
+    args.model_path = resolve_model_arg(args.model)
     if not Path(args.model_path, "config.json").exists():
         parser.error(f"--model {args.model}: no config.json in {args.model_path}")
     return args
@@ -425,8 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(result)
     print(table)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result, indent=1)
         console.print(f"JSON: {args.json}")
     if args.plot:
         plot(result, runs, args.plot)
@@ -478,7 +471,7 @@ def summarize(
     return {
         "model": args.model_path,
         "dtype": args.dtype,
-        "command": "python -m spotinfer.bench.drill_compare " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.drill_compare " + " ".join(sys.argv[1:]),
         "goodput_rule": "requests completed with e2e ≤ SLO, per second from the first "
         "request sent to the last token",
         "scenarios": scenarios,

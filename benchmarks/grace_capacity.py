@@ -1,6 +1,6 @@
 """Grace-window capacity: how much KV the lazy policy flushes before a 30 s notice deadline.
 
-    python -m spotinfer.bench.grace_capacity [--requests 16] [--prompt-tokens 2048]
+    python -m benchmarks.grace_capacity [--requests 16] [--prompt-tokens 2048]
                                              [--grace-seconds 30] [--json OUT]
 
 Real processes only: a redis-server started here on a free port and one worker
@@ -26,8 +26,6 @@ Redis on loopback, on a shared 2-core machine.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -37,9 +35,10 @@ from typing import Any
 import redis
 from rich.console import Console
 
+from benchmarks.harness import benchmark_parser, engine_flags, resolve_model_arg, write_json
+from benchmarks.kv_persistence import BLOCK_TOKENS, Geometry
+from benchmarks.resume_latency import StreamReader, TextTokens, greedy
 from context_daemon.store import RedisStore
-from spotinfer.bench.kv_persistence import BLOCK_TOKENS, Geometry
-from spotinfer.bench.resume_latency import StreamReader, TextTokens, greedy
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.worker_process import WorkerProcess
 
@@ -54,10 +53,7 @@ POLL_SECONDS = 0.05
 
 def worker_flags(redis_url: str, kv_cache_bytes: int, max_num_seqs: int) -> tuple[str, ...]:
     return (
-        *("--dtype", "bfloat16"),
-        *("--max-model-len", str(MAX_MODEL_LEN)),
-        *("--kv-cache-bytes", str(kv_cache_bytes)),
-        *("--max-num-seqs", str(max_num_seqs)),
+        *engine_flags("bfloat16", MAX_MODEL_LEN, kv_cache_bytes, max_num_seqs),
         *("--redis-url", redis_url),
         *("--kv-persist-policy", "lazy"),
         *("--worker-id", "grace-a"),
@@ -179,23 +175,18 @@ def print_report(result: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--grace-seconds", type=float, default=30.0)
-    parser.add_argument("--json", type=Path, default=None, help="write the full result here")
     args = parser.parse_args(argv)
     if args.prompt_tokens + OUTPUT_TOKENS > MAX_MODEL_LEN:
         parser.error(f"prompt + {OUTPUT_TOKENS} output tokens must fit {MAX_MODEL_LEN}")
-    from spotinfer.models.smollm2 import resolve_model
-
     console = Console()
-    model = str(resolve_model(args.model))
+    model = resolve_model_arg(args.model)
     result = measure(model, args.requests, args.prompt_tokens, args.grace_seconds)
     print_report(result, console)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return 0
 
 

@@ -1,6 +1,6 @@
 """KV persistence throughput (MB/s) through our write path vs `redis-benchmark` SET, same server.
 
-    python -m spotinfer.bench.kv_persistence [--blocks 128] [--pipelines 1,16] [--rounds 5]
+    python -m benchmarks.kv_persistence [--blocks 128] [--pipelines 1,16] [--rounds 5]
                                              [--json OUT]
 
 One `redis-server` on a free loopback port, started here. Each round, for each pipelining
@@ -35,7 +35,6 @@ wall seconds, 1 MB = 10^6 bytes. Medians over rounds.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -53,8 +52,8 @@ import redis
 import torch
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from benchmarks.harness import benchmark_parser, print_table, resolve_model_arg, rotated, write_json
 from context_daemon.store import (
     BlockWrite,
     KVBlock,
@@ -335,7 +334,7 @@ def measure(
                     "writing blocks", total=rounds * (len(pipelines) * len(PATHS) + 1)
                 )
                 for r in range(rounds):
-                    order = PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)]
+                    order = rotated(PATHS, r)
                     if r % 2:
                         streamed.append(bench.run_streamed(blocks))
                     for pipeline in pipelines:
@@ -418,21 +417,21 @@ def summarize(
 
 
 def print_report(result: dict[str, Any], console: Console) -> None:
-    table = Table(
-        title=f"KV persistence, {result['value_bytes']:,}-byte blocks "
-        f"({result['blocks_per_run']} per run, 1 connection, median of {result['rounds']})"
+    print_table(
+        console,
+        f"KV persistence, {result['value_bytes']:,}-byte blocks "
+        f"({result['blocks_per_run']} per run, 1 connection, median of {result['rounds']})",
+        ("P", *PATHS, "writer / r-b", "put_blocks / r-b"),
+        [
+            (
+                pipeline,
+                *(f"{summary['mb_per_second_median'][path]:.0f} MB/s" for path in PATHS),
+                f"{summary['writer_vs_redis_benchmark']:.3f}",
+                f"{summary['put_blocks_vs_redis_benchmark']:.3f}",
+            )
+            for pipeline, summary in result["by_pipeline"].items()
+        ],
     )
-    for column in ("P", *PATHS, "writer / r-b", "put_blocks / r-b"):
-        table.add_column(column)
-    for pipeline, summary in result["by_pipeline"].items():
-        medians = summary["mb_per_second_median"]
-        table.add_row(
-            pipeline,
-            *(f"{medians[path]:.0f} MB/s" for path in PATHS),
-            f"{summary['writer_vs_redis_benchmark']:.3f}",
-            f"{summary['put_blocks_vs_redis_benchmark']:.3f}",
-        )
-    console.print(table)
     streamed = result["writer_streamed"]
     console.print(
         f"writer, streamed ({result['blocks_per_run']} blocks queued at once, batches of "
@@ -453,26 +452,22 @@ def print_report(result: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m", help="source of the block geometry")
+    parser = benchmark_parser(__doc__, rounds=5)
     parser.add_argument("--blocks", type=int, default=128, help="blocks written per run")
     parser.add_argument("--pipelines", default="1,16", help="pipelining depths, comma-separated")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=None, help="write the full result here")
     args = parser.parse_args(argv)
     if shutil.which("redis-benchmark") is None:
         parser.error("redis-benchmark is not on PATH (Debian/Ubuntu: apt-get install redis-tools)")
-    from spotinfer.models.smollm2 import resolve_model
-
     torch.set_num_threads(1)  # as in a worker process (OMP_NUM_THREADS=1)
     console = Console()
     pipelines = [int(p) for p in args.pipelines.split(",")]
     if any(p > KV_WRITE_QUEUE_BLOCKS for p in pipelines):
         parser.error(f"a pipeline deeper than the writer's queue ({KV_WRITE_QUEUE_BLOCKS})")
-    result = measure(Path(resolve_model(args.model)), args.blocks, pipelines, args.rounds, console)
+    result = measure(
+        Path(resolve_model_arg(args.model)), args.blocks, pipelines, args.rounds, console
+    )
     print_report(result, console)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return 0
 
 

@@ -1,6 +1,6 @@
 """How fast the daemon reaches its worker: Stats round trips over loopback TCP vs a unix socket.
 
-    python -m spotinfer.bench.local_channel --model MODEL_DIR [--calls 2000]
+    python -m benchmarks.local_channel [--model smollm2-135m] [--calls 2000] [--json OUT]
 
 starts a worker (no persistence) listening on both, then times ``--calls`` sequential unary
 Stats calls on each channel (after a warm-up) and prints median, p90 and p99 in microseconds.
@@ -8,7 +8,6 @@ Stats calls on each channel (after a warm-up) and prints median, p90 and p99 in 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from benchmarks.harness import benchmark_parser, percentile, resolve_model_arg, write_json
 from protos.spotinfer.v1 import worker_pb2, worker_pb2_grpc
 from spotinfer.local.worker_process import WorkerProcess
 
@@ -38,34 +38,35 @@ def time_calls(address: str, calls: int) -> list[float]:
     return samples
 
 
-def summary_us(samples: list[float]) -> str:
-    ordered = sorted(samples)
-
-    def pct(p: float) -> float:
-        return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1e6
-
-    return (
-        f"median {statistics.median(ordered) * 1e6:7.1f} us   "
-        f"p90 {pct(0.90):7.1f} us   p99 {pct(0.99):7.1f} us"
-    )
+def summary_us(samples: list[float]) -> dict[str, float]:
+    return {
+        "median_us": statistics.median(samples) * 1e6,
+        "p90_us": percentile(samples, 0.90) * 1e6,
+        "p99_us": percentile(samples, 0.99) * 1e6,
+    }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", required=True, help="model folder the worker loads")
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--calls", type=int, default=2000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    model = resolve_model_arg(args.model)
     with tempfile.TemporaryDirectory() as scratch:
         socket_path = Path(scratch) / "worker.sock"
         with WorkerProcess(
-            args.model, *WORKER_FLAGS, "--unix-socket", str(socket_path), log_dir=Path(scratch)
+            model, *WORKER_FLAGS, "--unix-socket", str(socket_path), log_dir=Path(scratch)
         ) as worker:
-            results = {
+            samples = {
                 "tcp loopback": time_calls(worker.address, args.calls),
                 "unix socket": time_calls(f"unix:{socket_path}", args.calls),
             }
-    for name, samples in results.items():
-        print(f"{name:13s} {len(samples)} Stats calls: {summary_us(samples)}")
+    result = {name: summary_us(values) for name, values in samples.items()}
+    for name, us in result.items():
+        print(
+            f"{name:13s} {args.calls} Stats calls: median {us['median_us']:7.1f} us   "
+            f"p90 {us['p90_us']:7.1f} us   p99 {us['p99_us']:7.1f} us"
+        )
+    write_json(args.json, {"model": model, "calls": args.calls, "channels": result})
     return 0
 
 

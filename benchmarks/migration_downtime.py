@@ -1,7 +1,7 @@
 """Migration downtime: the longest pause between consecutive tokens a client sees when its
 request moves on a termination notice, at several context lengths.
 
-    python -m spotinfer.bench.migration_downtime [--contexts 256,1024,2048,4096]
+    python -m benchmarks.migration_downtime [--contexts 256,1024,2048,4096]
         [--repeats 3] [--json docs/bench/migration_downtime.json]
         [--plot docs/bench/migration_downtime.png]
 
@@ -34,7 +34,6 @@ loads, one step); and ``staging_ms`` (the stages before the pause, while A decod
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import re
@@ -49,9 +48,16 @@ from typing import Any
 import grpc
 from rich.progress import Progress
 
+from benchmarks.harness import (
+    benchmark_parser,
+    engine_flags,
+    plot_figure,
+    resolve_model_arg,
+    write_json,
+)
+from benchmarks.resume_latency import TextTokens
 from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2, control_pb2
-from spotinfer.bench.resume_latency import TextTokens
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.metadata_servers import AwsImds
 from spotinfer.local.redis_process import RedisProcess
@@ -71,9 +77,7 @@ _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 def worker_flags(redis_url: str, worker_id: str, socket_path: Path) -> tuple[str, ...]:
     return (
-        *("--dtype", "bfloat16"),
-        *("--max-model-len", str(MAX_MODEL_LEN)),
-        *("--kv-cache-bytes", str(KV_CACHE_BYTES)),
+        *engine_flags("bfloat16", MAX_MODEL_LEN, KV_CACHE_BYTES),
         *("--redis-url", redis_url),
         *("--kv-persist-policy", "eager"),
         *("--worker-id", worker_id),
@@ -303,56 +307,42 @@ def summarize(samples: list[dict[str, Any]], contexts: list[int]) -> list[dict[s
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = result["summary"]
     contexts = [r["context"] for r in rows]
-    figure, axis = plt.subplots(figsize=(7, 4.2))
-    axis.plot(contexts, [r["gap_ms_median"] for r in rows], marker="o", label="switch gap")
-    for name, label in (
-        ("pause_ms_median", "pause (last token from A -> NOTICE)"),
-        ("flush_wait_ms_median", "flush wait (NOTICE -> flush report)"),
-        ("resume_ms_median", "resume on B (Resume -> first new token)"),
-    ):
-        axis.plot(contexts, [r[name] for r in rows], marker=".", linestyle="--", label=label)
-    axis.plot(
-        contexts,
-        [3 * r["step_ms_median"] for r in rows],
-        color="black",
-        linestyle=":",
-        label="target: 3 decode steps",
-    )
-    axis.set_xscale("log", base=2)
-    axis.set_xticks(contexts)
-    axis.set_xticklabels([str(c) for c in contexts])
-    axis.set_xlabel("context tokens at the notice")
-    axis.set_ylabel("ms (median)")
-    axis.set_title(
-        "Migration downtime on a notice, as the client sees it (SmolLM2-135M, bf16, CPU)",
-        fontsize=10,
-    )
-    axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with plot_figure(path) as (_, (axis,)):
+        axis.plot(contexts, [r["gap_ms_median"] for r in rows], marker="o", label="switch gap")
+        for name, label in (
+            ("pause_ms_median", "pause (last token from A -> NOTICE)"),
+            ("flush_wait_ms_median", "flush wait (NOTICE -> flush report)"),
+            ("resume_ms_median", "resume on B (Resume -> first new token)"),
+        ):
+            axis.plot(contexts, [r[name] for r in rows], marker=".", linestyle="--", label=label)
+        axis.plot(
+            contexts,
+            [3 * r["step_ms_median"] for r in rows],
+            color="black",
+            linestyle=":",
+            label="target: 3 decode steps",
+        )
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(contexts)
+        axis.set_xticklabels([str(c) for c in contexts])
+        axis.set_xlabel("context tokens at the notice")
+        axis.set_ylabel("ms (median)")
+        axis.set_title(
+            "Migration downtime on a notice, as the client sees it (SmolLM2-135M, bf16, CPU)",
+            fontsize=10,
+        )
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = benchmark_parser(__doc__, rounds=3, rounds_flag="--repeats", plot=True)
     parser.add_argument("--contexts", default="256,1024,2048,4096")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/migration-downtime"))
     args = parser.parse_args(argv)
-    from spotinfer.models.smollm2 import resolve_model
-
-    model = str(resolve_model(args.model))
+    model = resolve_model_arg(args.model)
     contexts = [int(c) for c in args.contexts.split(",")]
     texts = TextTokens(model)
     samples: list[dict[str, Any]] = []
@@ -378,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "model": model,
         "dtype": "bfloat16",
-        "command": "python -m spotinfer.bench.migration_downtime " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.migration_downtime " + " ".join(sys.argv[1:]),
         "repeats": args.repeats,
         "summary": rows,
         "samples": samples,
@@ -398,9 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "ratio_longest_to_shortest" in result:
         print(f"ratio {contexts[-1]}/{contexts[0]}: {result['ratio_longest_to_shortest']:.2f}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.json, result, indent=1)
     if args.plot:
         plot(result, args.plot)
     return 0

@@ -1,6 +1,6 @@
 """Decode tokens/s with eager KV persistence on vs off, two worker processes side by side.
 
-    python -m spotinfer.bench.persistence_overhead [--rounds 4] [--json OUT]
+    python -m benchmarks.persistence_overhead [--rounds 4] [--json OUT]
 
 Two `python -m worker` processes stay loaded on the same model (SmolLM2-135M-Instruct,
 bfloat16, 1 GiB of KV cache each): ``on`` with ``--redis-url`` (a redis-server started here on
@@ -14,22 +14,26 @@ fingerprint and the generated tokens give it; a run that persisted nothing prove
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import redis
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from benchmarks.harness import (
+    alternating,
+    benchmark_parser,
+    engine_flags,
+    print_table,
+    prompt_ids,
+    resolve_model_arg,
+    write_json,
+)
 from context_daemon.store import RedisStore, block_hashes
-from spotinfer.bench.worker_throughput import PROMPTS
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.worker_process import WorkerProcess
 
@@ -117,19 +121,11 @@ def measure(
     control: bool = False,
     on_first: bool = False,
 ) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
     from worker.model_fingerprint import model_fingerprint
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = [list(tokenizer.encode(PROMPTS[i % len(PROMPTS)])) for i in range(requests)]
+    prompts = prompt_ids(model, requests)
     fingerprint = model_fingerprint(model, dtype)
-    flags = (
-        *("--dtype", dtype),
-        *("--max-model-len", str(MAX_MODEL_LEN)),
-        *("--kv-cache-bytes", str(KV_CACHE_BYTES)),
-        *("--max-num-seqs", str(MAX_NUM_SEQS)),
-    )
+    flags = engine_flags(dtype, MAX_MODEL_LEN, KV_CACHE_BYTES, MAX_NUM_SEQS)
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     with RedisProcess() as server, Progress(console=console) as progress:
         task = progress.add_task("loading two workers", total=rounds * 2 + 1)
@@ -146,22 +142,21 @@ def measure(
             for mode, worker in workers.items():  # warm-up: one-off costs of the first run
                 run_load(worker, prompts[:2], 8, f"warm-{mode}")
             progress.update(task, advance=1, description="measuring")
-            for r in range(rounds):
-                for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                    if mode == "on":
-                        admin.flushall()
-                    tag = f"r{r}-{mode}"
-                    run = run_load(workers[mode], prompts, max_tokens, tag)
-                    run["tag"] = tag
-                    if mode == "on" and not control:
-                        run.update(check_persisted(store, admin, fingerprint, prompts, run))
-                        if run["present_blocks"] != run["expected_blocks"]:
-                            raise RuntimeError(
-                                f"round {r}: {run['present_blocks']} of "
-                                f"{run['expected_blocks']} blocks in Redis"
-                            )
-                    runs[mode].append(run)
-                    progress.update(task, advance=1)
+            for r, mode in alternating(MODES, rounds):
+                if mode == "on":
+                    admin.flushall()
+                tag = f"r{r}-{mode}"
+                run = run_load(workers[mode], prompts, max_tokens, tag)
+                run["tag"] = tag
+                if mode == "on" and not control:
+                    run.update(check_persisted(store, admin, fingerprint, prompts, run))
+                    if run["present_blocks"] != run["expected_blocks"]:
+                        raise RuntimeError(
+                            f"round {r}: {run['present_blocks']} of "
+                            f"{run['expected_blocks']} blocks in Redis"
+                        )
+                runs[mode].append(run)
+                progress.update(task, advance=1)
         finally:
             for worker in workers.values():
                 worker.stop()
@@ -202,14 +197,9 @@ def summarize(
 
 
 def print_report(result: dict[str, Any], console: Console) -> None:
-    table = Table(
-        title=f"Decode with eager KV persistence, {result['requests']} x "
-        f"{result['max_tokens']} tokens ({result['dtype']}, median of {result['rounds']})"
-    )
-    for column in ("worker", "tokens/s (median)", "per round", "blocks in Redis per run"):
-        table.add_column(column)
     medians = result["tokens_per_second_median"]
     on_label = "no store (control)" if result["control"] else "--redis-url, eager"
+    rows = []
     for mode, label in (("off", "no store"), ("on", on_label)):
         rounds = ", ".join(f"{r['tokens_per_second']:.0f}" for r in result["runs"][mode])
         blocks = (
@@ -217,8 +207,14 @@ def print_report(result: dict[str, Any], console: Console) -> None:
             if mode == "on"
             else "-"
         )
-        table.add_row(label, f"{medians[mode]:.1f}", rounds, blocks)
-    console.print(table)
+        rows.append((label, f"{medians[mode]:.1f}", rounds, blocks))
+    print_table(
+        console,
+        f"Decode with eager KV persistence, {result['requests']} x "
+        f"{result['max_tokens']} tokens ({result['dtype']}, median of {result['rounds']})",
+        ("worker", "tokens/s (median)", "per round", "blocks in Redis per run"),
+        rows,
+    )
     console.print(
         f"on / off = {result['on_vs_off_ratio']:.3f} (per round: "
         + ", ".join(f"{x:.3f}" for x in result["on_vs_off_ratio_per_round"])
@@ -227,12 +223,9 @@ def print_report(result: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = benchmark_parser(__doc__, rounds=4, dtype="bfloat16")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument(
         "--control",
         action="store_true",
@@ -240,12 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         "identical worker processes differ on this machine",
     )
     parser.add_argument("--on-first", action="store_true", help="start the persisting worker first")
-    parser.add_argument("--json", type=Path, default=None, help="write the full result here")
     args = parser.parse_args(argv)
-    from spotinfer.models.smollm2 import resolve_model
-
     console = Console()
-    model = str(resolve_model(args.model))
+    model = resolve_model_arg(args.model)
     result = measure(
         model,
         args.requests,
@@ -257,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         on_first=args.on_first,
     )
     print_report(result, console)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Tokens/s through the coordinator vs straight from the worker, under the same load.
 
-    python -m spotinfer.bench.relay_overhead [--model smollm2-135m] [--rounds 4] [--json OUT]
+    python -m benchmarks.relay_overhead [--model smollm2-135m] [--rounds 4] [--json OUT]
 
 One worker; one coordinator in front of it. Each round sends the same 16 concurrent
 streaming requests (128 output tokens each, greedy, EOS ignored) once straight to
@@ -13,22 +13,27 @@ p99 on each path, and what the relay adds to it; and time to first token.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from benchmarks.harness import (
+    alternating,
+    benchmark_parser,
+    engine_flags,
+    percentile,
+    print_table,
+    prompt_ids,
+    resolve_model_arg,
+    write_json,
+)
 from coordinator.local_process import CoordinatorProcess
-from spotinfer.bench.worker_throughput import PROMPTS
 from spotinfer.local.worker_process import WorkerProcess
 
 MAX_MODEL_LEN = 2048
@@ -84,22 +89,9 @@ def run_load(generate: Any, prompts: list[list[int]], max_tokens: int) -> dict[s
     return {"seconds": seconds, "tokens": sum(counts), "gaps_ms": gaps_ms, "ttft_ms": ttft_ms}
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
 def measure(model: str, requests: int, max_tokens: int, rounds: int, dtype: str) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = [list(tokenizer.encode(PROMPTS[i % len(PROMPTS)])) for i in range(requests)]
-    flags = (
-        *("--dtype", dtype),
-        *("--max-model-len", str(MAX_MODEL_LEN)),
-        *("--kv-cache-bytes", str(KV_CACHE_BYTES)),
-        *("--max-num-seqs", str(MAX_NUM_SEQS)),
-    )
+    prompts = prompt_ids(model, requests)
+    flags = engine_flags(dtype, MAX_MODEL_LEN, KV_CACHE_BYTES, MAX_NUM_SEQS)
     runs: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
     with Progress() as progress:
         task = progress.add_task("starting worker and coordinator", total=rounds * 2 + 1)
@@ -115,10 +107,9 @@ def measure(model: str, requests: int, max_tokens: int, rounds: int, dtype: str)
             for path in PATHS:  # warm-up: first calls pay one-off costs
                 run_load(channels[path], prompts[:2], 8)
             progress.update(task, advance=1, description="measuring")
-            for r in range(rounds):
-                for path in PATHS if r % 2 == 0 else PATHS[::-1]:
-                    runs[path].append(run_load(channels[path], prompts, max_tokens))
-                    progress.update(task, advance=1)
+            for _, path in alternating(PATHS, rounds):
+                runs[path].append(run_load(channels[path], prompts, max_tokens))
+                progress.update(task, advance=1)
         finally:
             coordinator.stop()
             worker.stop()
@@ -153,12 +144,12 @@ def summarize(
 
     latency = {
         path: {
-            "p50": _percentile(pooled(path, "gaps_ms"), 0.5),
-            "p99": _percentile(pooled(path, "gaps_ms"), 0.99),
+            "p50": percentile(pooled(path, "gaps_ms"), 0.5),
+            "p99": percentile(pooled(path, "gaps_ms"), 0.99),
         }
         for path in PATHS
     }
-    ttft = {path: _percentile(pooled(path, "ttft_ms"), 0.5) for path in PATHS}
+    ttft = {path: percentile(pooled(path, "ttft_ms"), 0.5) for path in PATHS}
     return {
         "model": model,
         "dtype": dtype,
@@ -182,28 +173,25 @@ def summarize(
 
 
 def print_report(result: dict[str, Any], console: Console) -> None:
-    table = Table(
-        title=f"Relay overhead, {result['model']} ({result['dtype']}), "
-        f"{result['requests']} × {result['max_tokens']} tokens, {result['rounds']} rounds"
-    )
-    for column in (
-        "path",
-        "tokens/s (median)",
-        "per-token p50 ms",
-        "per-token p99 ms",
-        "TTFT p50 ms",
-    ):
-        table.add_column(column)
+    rows = []
     for path in PATHS:
         latency = result["per_token_latency_ms"][path]
-        table.add_row(
-            path,
-            f"{result['tokens_per_second'][path]:.1f}",
-            f"{latency['p50']:.2f}",
-            f"{latency['p99']:.2f}",
-            f"{result['ttft_ms_p50'][path]:.1f}",
+        rows.append(
+            (
+                path,
+                f"{result['tokens_per_second'][path]:.1f}",
+                f"{latency['p50']:.2f}",
+                f"{latency['p99']:.2f}",
+                f"{result['ttft_ms_p50'][path]:.1f}",
+            )
         )
-    console.print(table)
+    print_table(
+        console,
+        f"Relay overhead, {result['model']} ({result['dtype']}), "
+        f"{result['requests']} × {result['max_tokens']} tokens, {result['rounds']} rounds",
+        ("path", "tokens/s (median)", "per-token p50 ms", "per-token p99 ms", "TTFT p50 ms"),
+        rows,
+    )
     added = result["added_per_token_latency_ms"]
     console.print(
         f"coordinator / worker = {result['coordinator_vs_worker_ratio']:.3f}; added per-token "
@@ -213,21 +201,14 @@ def print_report(result: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = benchmark_parser(__doc__, rounds=4, dtype="bfloat16")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--json", type=Path, default=None, help="write the result here")
     args = parser.parse_args(argv)
-    from spotinfer.models.smollm2 import resolve_model
-
-    model = str(resolve_model(args.model))
+    model = resolve_model_arg(args.model)
     result = measure(model, args.requests, args.max_tokens, args.rounds, args.dtype)
     print_report(result, Console())
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return 0
 
 

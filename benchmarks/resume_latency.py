@@ -1,6 +1,6 @@
 """Resume latency (persisted KV loaded) vs full recompute (re-prefill), on a standby worker.
 
-    python -m spotinfer.bench.resume_latency [--contexts 512,2048,4096] [--repeats 3]
+    python -m benchmarks.resume_latency [--contexts 512,2048,4096] [--repeats 3]
                                              [--json OUT] [--plot OUT.png]
 
 Real processes only: a redis-server started here on a free port, a standby worker B that stays
@@ -44,8 +44,6 @@ Medians over repeats; the machine is a shared 2-core box, so samples are interle
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import statistics
 import sys
@@ -59,10 +57,18 @@ import grpc
 import redis
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from benchmarks.harness import (
+    PROMPTS,
+    benchmark_parser,
+    engine_flags,
+    plot_figure,
+    print_table,
+    resolve_model_arg,
+    rotated,
+    write_json,
+)
 from context_daemon.store import KVFormat, RedisStore, block_hashes, block_reads
-from spotinfer.bench.worker_throughput import PROMPTS
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.worker_process import WorkerProcess
 
@@ -218,9 +224,7 @@ def wait_idle(worker: WorkerProcess) -> None:
 
 def worker_flags(redis_url: str, worker_id: str, policy: str = "eager") -> tuple[str, ...]:
     return (
-        *("--dtype", "bfloat16"),
-        *("--max-model-len", str(MAX_MODEL_LEN)),
-        *("--kv-cache-bytes", str(KV_CACHE_BYTES)),
+        *engine_flags("bfloat16", MAX_MODEL_LEN, KV_CACHE_BYTES),
         *("--redis-url", redis_url),
         *("--kv-persist-policy", policy),
         *("--worker-id", worker_id),
@@ -309,7 +313,6 @@ def one_sample(
     with WorkerProcess(model, *worker_flags(server.url, f"worker-a{sample}")) as worker_a:
         committed = persist_then_kill(worker_a, store, fingerprint, request_id, prompt, target)
     full_context = prompt + committed
-    first_resume = sample % 2 == 0
     result: dict[str, Any] = {
         "context": context,
         "case": case,
@@ -317,7 +320,7 @@ def one_sample(
         "context_tokens": len(full_context),
         "committed_tokens": len(committed),
     }
-    for measurement in ("resume", "recompute") if first_resume else ("recompute", "resume"):
+    for measurement in rotated(("resume", "recompute"), sample):
         if measurement == "resume":
             result["resume"] = time_resume(standby, request_id, len(committed))
             result["resume"].pop("first_token_at")
@@ -338,7 +341,7 @@ def noticed_sample(
     sample: int,
     policy: str,
 ) -> dict[str, Any]:
-    from spotinfer.bench.kv_persistence import Geometry, kv_format_for
+    from benchmarks.kv_persistence import Geometry, kv_format_for
 
     request_id = f"resume-{context}-noticed-{sample}"
     flags = worker_flags(server.url, f"worker-a{sample}", policy)
@@ -477,39 +480,41 @@ def summarize(samples: list[dict[str, Any]], model: str, repeats: int) -> dict[s
 
 
 def print_report(result: dict[str, Any], console: Console) -> None:
-    table = Table(
-        title=f"Resume vs full recompute on a standby, {Path(result['model']).name} "
-        f"({result['dtype']}, median of {result['repeats']})"
+    print_table(
+        console,
+        f"Resume vs full recompute on a standby, {Path(result['model']).name} "
+        f"({result['dtype']}, median of {result['repeats']})",
+        (
+            "context",
+            "case",
+            "context tokens (samples)",
+            "loaded / recomputed (median)",
+            "resume → first new token",
+            "re-prefill → first token",
+            "speedup",
+        ),
+        [
+            (
+                str(row["context"]),
+                row["case"],
+                ", ".join(str(t) for t in row["context_tokens"]),
+                f"{statistics.median(row['loaded_tokens']):.0f} / "
+                f"{statistics.median(row['recomputed_tokens']):.0f}",
+                f"{row['resume_ms_median']:.1f} ms",
+                f"{row['recompute_ms_median']:.1f} ms",
+                f"{row['speedup']:.1f}x",
+            )
+            for row in result["summary"]
+        ],
     )
-    for column in (
-        "context",
-        "case",
-        "context tokens (samples)",
-        "loaded / recomputed (median)",
-        "resume → first new token",
-        "re-prefill → first token",
-        "speedup",
-    ):
-        table.add_column(column)
-    for row in result["summary"]:
-        table.add_row(
-            str(row["context"]),
-            row["case"],
-            ", ".join(str(t) for t in row["context_tokens"]),
-            f"{statistics.median(row['loaded_tokens']):.0f} / "
-            f"{statistics.median(row['recomputed_tokens']):.0f}",
-            f"{row['resume_ms_median']:.1f} ms",
-            f"{row['recompute_ms_median']:.1f} ms",
-            f"{row['speedup']:.1f}x",
-        )
-    console.print(table)
     noticed = [row for row in result["summary"] if row["case"] == "noticed"]
-    if noticed:
-        breakdown = Table(
-            title=f"Noticed loss: notice -> first new token on B, broken down "
-            f"(A's policy {noticed[0]['policy']}, medians)"
-        )
-        for column in (
+    if not noticed:
+        return
+    print_table(
+        console,
+        f"Noticed loss: notice -> first new token on B, broken down "
+        f"(A's policy {noticed[0]['policy']}, medians)",
+        (
             "context",
             "flush (T0 -> complete)",
             "Resume call -> first token",
@@ -518,10 +523,9 @@ def print_report(result: dict[str, Any], console: Console) -> None:
             "notice -> first token",
             "re-prefill",
             "speedup",
-        ):
-            breakdown.add_column(column)
-        for row in noticed:
-            breakdown.add_row(
+        ),
+        [
+            (
                 str(row["context"]),
                 f"{row['flush_ms_median']:.1f} ms",
                 f"{row['resume_call_ms_median']:.1f} ms",
@@ -531,64 +535,54 @@ def print_report(result: dict[str, Any], console: Console) -> None:
                 f"{row['recompute_ms_median']:.1f} ms",
                 f"{row['speedup']:.1f}x",
             )
-        console.print(breakdown)
+            for row in noticed
+        ],
+    )
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4.2))
     rows = result["summary"]
-    labels = {
-        "aligned": "resume after loss, all blocks stored (recomputes 0)",
-        "abrupt": "resume after loss, last block lost (recomputes 127)",
-        "noticed": "notice -> first token on B (flush + resume, recomputes 0)",
-    }
-    for case, marker in (("aligned", "o"), ("abrupt", "s"), ("noticed", "D")):
-        mine = [r for r in rows if r["case"] == case]
-        if not mine:
-            continue
+    with plot_figure(path) as (_, (axis,)):
+        labels = {
+            "aligned": "resume after loss, all blocks stored (recomputes 0)",
+            "abrupt": "resume after loss, last block lost (recomputes 127)",
+            "noticed": "notice -> first token on B (flush + resume, recomputes 0)",
+        }
+        for case, marker in (("aligned", "o"), ("abrupt", "s"), ("noticed", "D")):
+            mine = [r for r in rows if r["case"] == case]
+            if not mine:
+                continue
+            axis.plot(
+                [r["context"] for r in mine],
+                [r["resume_ms_median"] for r in mine],
+                marker=marker,
+                label=labels[case],
+            )
+        recompute: dict[int, list[float]] = {}
+        for row in rows:
+            recompute.setdefault(row["context"], []).append(row["recompute_ms_median"])
+        contexts = sorted(recompute)
         axis.plot(
-            [r["context"] for r in mine],
-            [r["resume_ms_median"] for r in mine],
-            marker=marker,
-            label=labels[case],
+            contexts,
+            [statistics.median(recompute[c]) for c in contexts],
+            marker="^",
+            color="black",
+            label="full re-prefill",
         )
-    recompute: dict[int, list[float]] = {}
-    for row in rows:
-        recompute.setdefault(row["context"], []).append(row["recompute_ms_median"])
-    contexts = sorted(recompute)
-    axis.plot(
-        contexts,
-        [statistics.median(recompute[c]) for c in contexts],
-        marker="^",
-        color="black",
-        label="full re-prefill",
-    )
-    axis.set_yscale("log")
-    axis.set_xticks(contexts)
-    axis.set_xlabel("context tokens (prompt + generated)")
-    axis.set_ylabel("time to first new token, ms (median)")
-    axis.set_title(
-        "Standby: resume from Redis vs re-prefill (SmolLM2-135M, bf16, 2-core CPU)", fontsize=10
-    )
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+        axis.set_yscale("log")
+        axis.set_xticks(contexts)
+        axis.set_xlabel("context tokens (prompt + generated)")
+        axis.set_ylabel("time to first new token, ms (median)")
+        axis.set_title(
+            "Standby: resume from Redis vs re-prefill (SmolLM2-135M, bf16, 2-core CPU)", fontsize=10
+        )
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = benchmark_parser(__doc__, rounds=3, rounds_flag="--repeats", plot=True)
     parser.add_argument("--contexts", default="512,2048,4096")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=None, help="write the full result here")
-    parser.add_argument("--plot", type=Path, default=None, help="write a PNG here")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset")
     parser.add_argument(
         "--noticed-policy",
@@ -600,17 +594,14 @@ def main(argv: list[str] | None = None) -> int:
     contexts = [int(c) for c in args.contexts.split(",")]
     if any(c % BLOCK_TOKENS or c + 1 + EXTRA_TOKENS > MAX_MODEL_LEN for c in contexts):
         parser.error(f"contexts must be multiples of {BLOCK_TOKENS} that fit {MAX_MODEL_LEN}")
-    from spotinfer.models.smollm2 import resolve_model
-
     console = Console()
-    model = str(resolve_model(args.model))
+    model = resolve_model_arg(args.model)
     cases = tuple(args.cases.split(","))
     if not set(cases) <= set(CASES):
         parser.error(f"cases must be among {', '.join(CASES)}")
     result = measure(model, contexts, args.repeats, console, cases, args.noticed_policy)
     print_report(result, console)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     if args.plot:
         plot(result, args.plot)
     return 0

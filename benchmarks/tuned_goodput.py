@@ -1,6 +1,6 @@
 """Goodput under an interactive SLA: the tuned max_num_seqs vs vLLM's default, same arrivals.
 
-    python -m spotinfer.bench.tuned_goodput --tuning-file docs/bench/tuning.json
+    python -m benchmarks.tuned_goodput --tuning-file docs/bench/tuning.json
 
 Two workers on the same model stay loaded side by side — one with the interactive class's
 tuned max_num_seqs, one with vLLM's default for an API server on this platform (128 on CPU,
@@ -20,8 +20,15 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from benchmarks.harness import (
+    alternating,
+    benchmark_parser,
+    engine_flags,
+    print_table,
+    resolve_model_arg,
+    write_json,
+)
 from spotinfer.loadgen import LoadSpec, goodput, plan_requests, run_load, summarize
 from spotinfer.local.worker_process import WorkerProcess
 from spotinfer.tuner import load_tuning_file
@@ -30,13 +37,7 @@ VLLM_CPU_DEFAULT_MAX_NUM_SEQS = 128
 
 
 def _worker(model: str, max_num_seqs: int, dtype: str) -> WorkerProcess:
-    return WorkerProcess(
-        model,
-        *("--dtype", dtype),
-        *("--max-model-len", "1024"),
-        *("--kv-cache-bytes", str(2 << 30)),
-        *("--max-num-seqs", str(max_num_seqs)),
-    )
+    return WorkerProcess(model, *engine_flags(dtype, 1024, 2 << 30, max_num_seqs))
 
 
 def measure(args: argparse.Namespace, model: str, tuned: int) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def measure(args: argparse.Namespace, model: str, tuned: int) -> dict[str, Any]:
             name: _worker(model, seqs, args.dtype).start() for name, seqs in settings.items()
         }
         try:
-            for r in range(args.rounds):
+            for r, name in alternating(list(settings), args.rounds):
                 spec = LoadSpec(
                     num_requests=args.requests,
                     rate_per_second=args.rate,
@@ -58,22 +59,20 @@ def measure(args: argparse.Namespace, model: str, tuned: int) -> dict[str, Any]:
                     vocab_high=vocab,
                     seed=r,
                 )
-                order = list(settings) if r % 2 == 0 else list(reversed(settings))
-                for name in order:
-                    progress.update(task, description=f"round {r + 1}: {name}")
-                    planned = plan_requests(spec, prefix=f"goodput-{name}-{r}")
-                    traces = asyncio.run(run_load(workers[name].address, planned, service="worker"))
-                    summary = summarize(traces)
-                    rounds[name].append(
-                        {
-                            "goodput_rps": goodput(traces, args.ttft_p99_ms, args.tpot_p99_ms),
-                            "tokens_per_second": summary.tokens_per_second,
-                            "ttft_ms_p99": summary.ttft_ms_p99,
-                            "tpot_ms_p99": summary.tpot_ms_p99,
-                            "completed": summary.completed,
-                        }
-                    )
-                    progress.update(task, advance=1)
+                progress.update(task, description=f"round {r + 1}: {name}")
+                planned = plan_requests(spec, prefix=f"goodput-{name}-{r}")
+                traces = asyncio.run(run_load(workers[name].address, planned, service="worker"))
+                summary = summarize(traces)
+                rounds[name].append(
+                    {
+                        "goodput_rps": goodput(traces, args.ttft_p99_ms, args.tpot_p99_ms),
+                        "tokens_per_second": summary.tokens_per_second,
+                        "ttft_ms_p99": summary.ttft_ms_p99,
+                        "tpot_ms_p99": summary.tpot_ms_p99,
+                        "completed": summary.completed,
+                    }
+                )
+                progress.update(task, advance=1)
         finally:
             for worker in workers.values():
                 worker.stop()
@@ -95,55 +94,45 @@ def measure(args: argparse.Namespace, model: str, tuned: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = benchmark_parser(__doc__, rounds=2, dtype="bfloat16")
     parser.add_argument("--tuning-file", type=Path, default=None)
     parser.add_argument("--tuned-max-num-seqs", type=int, default=None)
     parser.add_argument("--default-max-num-seqs", type=int, default=VLLM_CPU_DEFAULT_MAX_NUM_SEQS)
     parser.add_argument("--rate", type=float, default=4.0, help="requests/s (Poisson)")
     parser.add_argument("--requests", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--ttft-p99-ms", type=float, default=2000.0)
     parser.add_argument("--tpot-p99-ms", type=float, default=150.0)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    from spotinfer.models.smollm2 import resolve_model
-
     if args.tuned_max_num_seqs is not None:
         tuned = args.tuned_max_num_seqs
     elif args.tuning_file is not None:
         tuned = load_tuning_file(args.tuning_file)["classes"]["interactive"]["max_num_seqs"]
     else:
         parser.error("give --tuning-file or --tuned-max-num-seqs")
-    model = str(resolve_model(args.model))
+    model = resolve_model_arg(args.model)
     result = measure(args, model, tuned)
-    table = Table(
-        title=f"goodput under TTFT p99 ≤ {args.ttft_p99_ms:g} ms, TPOT p99 ≤ {args.tpot_p99_ms:g} ms"
-    )
-    for column in (
-        "setting",
-        "max_num_seqs",
-        "goodput req/s",
-        "tokens/s",
-        "TTFT p99 ms",
-        "TPOT p99 ms",
-    ):
-        table.add_column(column)
+    rows = []
     for name, seqs in result["settings"].items():
         m = result["median"][name]
-        table.add_row(
-            name,
-            str(seqs),
-            f"{m['goodput_rps']:.2f}",
-            f"{m['tokens_per_second']:.1f}",
-            f"{m['ttft_ms_p99']:.0f}",
-            f"{m['tpot_ms_p99']:.1f}",
+        rows.append(
+            (
+                name,
+                str(seqs),
+                f"{m['goodput_rps']:.2f}",
+                f"{m['tokens_per_second']:.1f}",
+                f"{m['ttft_ms_p99']:.0f}",
+                f"{m['tpot_ms_p99']:.1f}",
+            )
         )
-    Console().print(table)
-    Console().print(f"goodput tuned / default = {result['goodput_ratio_tuned_vs_default']:.2f}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    console = Console()
+    print_table(
+        console,
+        f"goodput under TTFT p99 ≤ {args.ttft_p99_ms:g} ms, TPOT p99 ≤ {args.tpot_p99_ms:g} ms",
+        ("setting", "max_num_seqs", "goodput req/s", "tokens/s", "TTFT p99 ms", "TPOT p99 ms"),
+        rows,
+    )
+    console.print(f"goodput tuned / default = {result['goodput_ratio_tuned_vs_default']:.2f}")
+    write_json(args.json, result)
     return 0
 
 

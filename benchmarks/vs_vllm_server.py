@@ -1,7 +1,7 @@
 """Our coordinator's OpenAI front vs plain vLLM's OpenAI server, both driven by vLLM's own
 benchmark client (`vllm bench serve`, run through its module).
 
-    python -m spotinfer.bench.vs_vllm_server [--model smollm2-135m] [--rounds 3] \\
+    python -m benchmarks.vs_vllm_server [--model smollm2-135m] [--rounds 3] \\
         [--num-prompts 64] [--input-len 128] [--output-len 128] [--request-rate inf] \\
         [--json docs/bench/vs_vllm_server.json]
 
@@ -37,8 +37,16 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
+from rich.table import Column
 
+from benchmarks.harness import (
+    alternating,
+    benchmark_parser,
+    engine_flags,
+    print_table,
+    resolve_model_arg,
+    write_json,
+)
 from coordinator.local_process import CoordinatorProcess
 from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, free_port, process_environment
 
@@ -74,12 +82,9 @@ class EngineSettings:
 
     def worker_flags(self) -> list[str]:
         # The worker runs eager and without prefix caching by default.
-        return [
-            *("--dtype", self.dtype),
-            *("--max-num-seqs", str(self.max_num_seqs)),
-            *("--max-model-len", str(self.max_model_len)),
-            *("--kv-cache-bytes", str(self.kv_cache_bytes)),
-        ]
+        return list(
+            engine_flags(self.dtype, self.max_model_len, self.kv_cache_bytes, self.max_num_seqs)
+        )
 
 
 @dataclass(frozen=True)
@@ -249,13 +254,11 @@ def measure(
             for target in TARGETS:  # first requests pay one-off costs (allocation, imports)
                 run_bench(urls[target], model, load, client_log, num_prompts=8)
             bar.update(task, advance=1)
-            for r in range(rounds):
-                order = TARGETS if r % 2 == 0 else TARGETS[::-1]
-                for target in order:
-                    bar.update(task, description=f"round {r + 1}/{rounds}: {target}")
-                    result = run_bench(urls[target], model, load, client_log)
-                    runs[target].append(_round_summary(result))
-                    bar.update(task, advance=1)
+            for r, target in alternating(TARGETS, rounds):
+                bar.update(task, description=f"round {r + 1}/{rounds}: {target}")
+                result = run_bench(urls[target], model, load, client_log)
+                runs[target].append(_round_summary(result))
+                bar.update(task, advance=1)
         finally:
             if coordinator is not None:
                 coordinator.stop()
@@ -306,15 +309,6 @@ def summarize(
 
 def print_report(result: dict[str, Any], console: Console) -> None:
     load = result["load"]
-    table = Table(
-        title=f"spotinfer coordinator vs vLLM api_server — {result['model']} "
-        f"({result['engine']['dtype']}), {load['num_prompts']} prompts, "
-        f"random {load['input_len']} in / {load['output_len']} out, "
-        f"rate {load['request_rate']}, median of {result['rounds']} rounds"
-    )
-    table.add_column("metric")
-    for target in TARGETS:
-        table.add_column(target, justify="right")
     medians = result["median_over_rounds"]
     rows = [
         ("output tokens/s", "output_tokens_per_s", "{:.1f}"),
@@ -326,37 +320,40 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         ("ITL median ms", "median_itl_ms", "{:.2f}"),
         ("duration s", "duration_s", "{:.1f}"),
     ]
-    for label, key, fmt in rows:
-        table.add_row(label, *(fmt.format(medians[t].get(key, float("nan"))) for t in TARGETS))
-    console.print(table)
+    print_table(
+        console,
+        f"spotinfer coordinator vs vLLM api_server — {result['model']} "
+        f"({result['engine']['dtype']}), {load['num_prompts']} prompts, "
+        f"random {load['input_len']} in / {load['output_len']} out, "
+        f"rate {load['request_rate']}, median of {result['rounds']} rounds",
+        ("metric", *(Column(target, justify="right") for target in TARGETS)),
+        [
+            (label, *(fmt.format(medians[t].get(key, float("nan"))) for t in TARGETS))
+            for label, key, fmt in rows
+        ],
+    )
     ratio = result["throughput_ratio"]
     verdict = "meets" if ratio >= 0.9 else "misses"
     console.print(f"throughput ratio spotinfer / vllm: {ratio:.3f} ({verdict} the 0.9 target)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="model folder or alias")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = benchmark_parser(__doc__, rounds=3, dtype=EngineSettings.dtype)
     parser.add_argument("--num-prompts", type=int, default=Load.num_prompts)
     parser.add_argument("--input-len", type=int, default=Load.input_len)
     parser.add_argument("--output-len", type=int, default=Load.output_len)
     parser.add_argument(
         "--request-rate", type=float, default=Load.request_rate, help="requests/s; inf: burst"
     )
-    parser.add_argument("--dtype", default=EngineSettings.dtype)
     parser.add_argument("--max-num-seqs", type=int, default=EngineSettings.max_num_seqs)
     parser.add_argument("--max-model-len", type=int, default=EngineSettings.max_model_len)
     parser.add_argument("--kv-cache-bytes", type=int, default=EngineSettings.kv_cache_bytes)
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/spotinfer-vs-vllm"))
-    parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from spotinfer.models.smollm2 import resolve_model
-
-    model = Path(resolve_model(args.model))
+    model = Path(resolve_model_arg(args.model))
     settings = EngineSettings(
         args.dtype, args.max_num_seqs, args.max_model_len, args.kv_cache_bytes
     )
@@ -365,8 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(model, settings, load, args.rounds, args.log_dir, console)
     print_report(result, console)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
         console.print(f"wrote {args.json}")
     return 0
 

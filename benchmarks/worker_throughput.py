@@ -1,6 +1,6 @@
 """Tokens/s through `Worker.Generate` over gRPC vs vLLM's offline `LLM.generate`, side by side.
 
-    python -m spotinfer.bench.worker_throughput [--model smollm2-135m] [--rounds 3]
+    python -m benchmarks.worker_throughput [--model smollm2-135m] [--rounds 3]
 
 Same model, same requests (16 × 128 output tokens, greedy, EOS ignored), alternating rounds
 so that machine noise hits both sides alike. Also the time to first token that the gRPC
@@ -9,41 +9,30 @@ worker adds over an in-process `AsyncLLM` given the same 16 concurrent requests.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
-from spotinfer.bench.baseline_engine import RESULT_PREFIX
+from benchmarks.baseline_engine import RESULT_PREFIX
+from benchmarks.harness import (
+    alternating,
+    benchmark_parser,
+    engine_flags,
+    percentile,
+    print_table,
+    prompt_ids,
+    resolve_model_arg,
+    write_json,
+)
 from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, process_environment
 
-PROMPTS = (
-    "Explain why the sky is blue in two sentences.",
-    "Write a short poem about a train leaving a station at dawn.",
-    "What is the capital of France, and what is it famous for?",
-    "Give three tips for writing clear technical documentation.",
-    "Describe how a refrigerator keeps food cold.",
-    "What are the main differences between cats and dogs as pets?",
-    "Summarize the plot of a story about a lost dragon finding its way home.",
-    "How do you make a simple tomato sauce?",
-    "List five things to pack for a weekend hiking trip.",
-    "Why do leaves change colour in autumn?",
-    "Explain what a byte is to a ten-year-old.",
-    "What should a new programmer learn first?",
-    "Describe the sound of rain on a tin roof.",
-    "How does a library organise its books?",
-    "What makes a good cup of coffee?",
-    "Tell me about the planets of the solar system.",
-)
 KV_CACHE_BYTES = 1 << 30
 MAX_MODEL_LEN = 2048
 SINGLE_REQUEST_SAMPLES = 20
@@ -59,14 +48,14 @@ def _engine_kwargs(dtype: str) -> dict[str, Any]:
 
 
 class BaselineEngine:
-    """The baseline process (`spotinfer.bench.baseline_engine`), one command at a time."""
+    """The baseline process (`benchmarks.baseline_engine`), one command at a time."""
 
     def __init__(self, model: str, dtype: str) -> None:
         self._process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "spotinfer.bench.baseline_engine",
+                "benchmarks.baseline_engine",
                 model,
                 json.dumps(_engine_kwargs(dtype)),
             ],
@@ -137,22 +126,11 @@ def run_grpc(worker: WorkerProcess, prompts: list[list[int]], max_tokens: int) -
     return {"seconds": time.perf_counter() - start, "tokens": sum(counts), "ttft_ms": ttft_ms}
 
 
-def _prompt_ids(model: str, count: int) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    texts = [PROMPTS[i % len(PROMPTS)] for i in range(count)]
-    return [list(tokenizer.encode(t)) for t in texts]
-
-
 def measure(model: str, requests: int, max_tokens: int, rounds: int, dtype: str) -> dict[str, Any]:
-    prompts = _prompt_ids(model, requests)
+    prompts = prompt_ids(model, requests)
     kwargs = _engine_kwargs(dtype)
-    flags = (
-        *("--dtype", dtype),
-        *("--max-model-len", str(kwargs["max_model_len"])),
-        *("--kv-cache-bytes", str(kwargs["kv_cache_memory_bytes"])),
-        *("--max-num-seqs", str(kwargs["max_num_seqs"])),
+    flags = engine_flags(
+        dtype, kwargs["max_model_len"], kwargs["kv_cache_memory_bytes"], kwargs["max_num_seqs"]
     )
     runs: dict[str, list[dict[str, Any]]] = {
         "offline": [],
@@ -171,14 +149,12 @@ def measure(model: str, requests: int, max_tokens: int, rounds: int, dtype: str)
             baseline.run("async", prompts[:2], 8)
             run_grpc(worker, prompts[:2], 8)
             progress.update(task, advance=1, description="measuring")
-            order = ["offline", "grpc", "async"]
-            for r in range(rounds):
-                for mode in order[r % 3 :] + order[: r % 3]:
-                    if mode == "grpc":
-                        runs[mode].append(run_grpc(worker, prompts, max_tokens))
-                    else:
-                        runs[mode].append(baseline.run(mode, prompts, max_tokens))
-                    progress.update(task, advance=1)
+            for _, mode in alternating(("offline", "grpc", "async"), rounds):
+                if mode == "grpc":
+                    runs[mode].append(run_grpc(worker, prompts, max_tokens))
+                else:
+                    runs[mode].append(baseline.run(mode, prompts, max_tokens))
+                progress.update(task, advance=1)
             # TTFT of a lone request isolates what the gRPC hop adds from batching effects.
             progress.update(task, description="single-request TTFT")
             for i in range(SINGLE_REQUEST_SAMPLES):
@@ -198,8 +174,7 @@ def summarize(
         return statistics.median(r["tokens"] / r["seconds"] for r in runs[mode])
 
     def ttft(mode: str, q: float) -> float:
-        values = sorted(v for r in runs[mode] for v in r["ttft_ms"])
-        return values[min(len(values) - 1, int(q * len(values)))]
+        return percentile([v for r in runs[mode] for v in r["ttft_ms"]], q)
 
     return {
         "model": model,
@@ -223,24 +198,26 @@ def summarize(
 
 
 def print_report(result: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"Worker throughput, {result['model']} ({result['dtype']})")
-    for column in ("path", "tokens/s (median)", "TTFT p50 ms", "TTFT p99 ms"):
-        table.add_column(column)
     tps = result["tokens_per_second"]
-    table.add_row("vLLM LLM.generate (offline)", f"{tps['offline']:.1f}", "-", "-")
-    table.add_row(
-        "vLLM AsyncLLM in-process",
-        f"{tps['async']:.1f}",
-        f"{result['ttft_ms_p50']['async']:.1f}",
-        f"{result['ttft_ms_p99']['async']:.1f}",
+
+    def timed(label: str, mode: str) -> tuple[str, ...]:
+        return (
+            label,
+            f"{tps[mode]:.1f}",
+            f"{result['ttft_ms_p50'][mode]:.1f}",
+            f"{result['ttft_ms_p99'][mode]:.1f}",
+        )
+
+    print_table(
+        console,
+        f"Worker throughput, {result['model']} ({result['dtype']})",
+        ("path", "tokens/s (median)", "TTFT p50 ms", "TTFT p99 ms"),
+        [
+            ("vLLM LLM.generate (offline)", f"{tps['offline']:.1f}", "-", "-"),
+            timed("vLLM AsyncLLM in-process", "async"),
+            timed("spotinfer Worker.Generate (gRPC)", "grpc"),
+        ],
     )
-    table.add_row(
-        "spotinfer Worker.Generate (gRPC)",
-        f"{tps['grpc']:.1f}",
-        f"{result['ttft_ms_p50']['grpc']:.1f}",
-        f"{result['ttft_ms_p99']['grpc']:.1f}",
-    )
-    console.print(table)
     console.print(
         f"gRPC / offline = {result['grpc_vs_offline_ratio']:.3f}; "
         f"gRPC / AsyncLLM = {result['grpc_vs_async_ratio']:.3f}; "
@@ -253,21 +230,14 @@ def print_report(result: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser = benchmark_parser(__doc__, rounds=3, dtype="bfloat16")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--json", type=Path, default=None, help="write the full result here")
     args = parser.parse_args(argv)
-    from spotinfer.models.smollm2 import resolve_model
-
-    model = str(resolve_model(args.model))
+    model = resolve_model_arg(args.model)
     result = measure(model, args.requests, args.max_tokens, args.rounds, args.dtype)
     print_report(result, Console())
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return 0
 
 

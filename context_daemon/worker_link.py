@@ -1,7 +1,7 @@
 """The daemon's channel to its worker: gRPC over loopback TCP or a unix socket.
 
 Proto messages stop here: the daemon sees FlushReport dataclasses. The worker is on the same
-host, so the channel is local either way; `spotinfer/bench/local_channel.py` measures both.
+host, so the channel is local either way; `benchmarks/local_channel.py` measures both.
 """
 
 from __future__ import annotations

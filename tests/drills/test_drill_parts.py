@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from benchmarks.drill_compare import PolicyRun, auto_slo_seconds, markdown_table, ratios
 from protos.spotinfer.v1 import common_pb2
-from spotinfer.bench.drill_compare import PolicyRun, auto_slo_seconds, markdown_table, ratios
 from spotinfer.drills.report import goodput_rps
 from spotinfer.drills.scenarios import read_trace, rolling_schedule, trace_span_seconds
 from spotinfer.loadgen import NextCall, RequestTrace, next_call
