@@ -29,12 +29,14 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from context_daemon.store import (
     BlockWrite,
+    CommitOutcome,
     ConflictReason,
     KVFormat,
     RedisStore,
@@ -253,13 +255,43 @@ class KVBlockWriter:
         except StoreError as exc:
             self._count_dropped(len(new_writes), f"Redis refused the write ({exc})")
             return
+        self._settle_refusals(
+            now,
+            retried,
+            flushing,
+            zip(commits, outcomes[: len(commits)], strict=True),
+            linked,
+            zip(writes, stored, strict=True),
+            zip(marks, marked, strict=True),
+        )
+        with self._lock:
+            self._written += len(new_writes)
+            self._written_bytes += sum(len(block.data) - self._header_bytes for _, block in encoded)
+            recovered = self._unavailable
+            self._unavailable = False
+            self._settled.notify_all()
+        if recovered:
+            log.warning("KV persistence resumed: Redis answers again")
+
+    def _settle_refusals(
+        self,
+        now: float,
+        retried: dict[str, _Refused],
+        flushing: set[str],
+        committed: Iterable[tuple[TokenCommit, CommitOutcome]],
+        linked: dict[str, bool],
+        stored: Iterable[tuple[BlockWrite, bool]],
+        marked: Iterable[tuple[str, bool]],
+    ) -> None:
+        """Keeps what the store refused for want of a record: full blocks to link again,
+        a flush's commits, tails and mark to try again (see the module docstring)."""
         refused: dict[str, _Refused] = {}
 
         def refusal(request_id: str) -> _Refused:
             until = retried[request_id].until if request_id in retried else None
             return refused.setdefault(request_id, _Refused(until or now + FLUSH_RETRY_SECONDS))
 
-        for commit, outcome in zip(commits, outcomes[: len(commits)], strict=True):
+        for commit, outcome in committed:
             if outcome.conflict is None:
                 continue
             if outcome.conflict.reason is ConflictReason.UNKNOWN_REQUEST:
@@ -269,7 +301,7 @@ class KVBlockWriter:
         for request_id, ok in linked.items():
             if ok:
                 del self._unlinked[request_id]
-        for write, ok in zip(writes, stored, strict=True):
+        for write, ok in stored:
             if ok:
                 continue
             if write.block.is_full:
@@ -278,21 +310,13 @@ class KVBlockWriter:
                 self._unlinked[write.request_id] = (now, unlinked)
             else:
                 refusal(write.request_id).tails.append(write)
-        for request_id, ok in zip(marks, marked, strict=True):
+        for request_id, ok in marked:
             if not ok:
                 refusal(request_id).mark = True
         for request_id in flushing & set(self._unlinked):
             refusal(request_id)  # its flush is complete only with those links
         self._keep_refused(refused, now)
         self._forget_unlinked(now)
-        with self._lock:
-            self._written += len(new_writes)
-            self._written_bytes += sum(len(block.data) - self._header_bytes for _, block in encoded)
-            recovered = self._unavailable
-            self._unavailable = False
-            self._settled.notify_all()
-        if recovered:
-            log.warning("KV persistence resumed: Redis answers again")
 
     def _due_retries(self, now: float) -> dict[str, _Refused]:
         """The refused flushes to try again in this batch (all of them, at most once an

@@ -261,6 +261,57 @@ def _resolve_dtype(dtype: str, shape: ModelShape) -> str:
     return named.lower()
 
 
+def _check_plan_inputs(
+    shape: ModelShape, memory_bytes: int, context_tokens: int, block_tokens: int, tp: int
+) -> None:
+    """Raises MemoryPlanError for sizes that are not positive or heads that do not split."""
+    if memory_bytes <= 0:
+        raise MemoryPlanError(f"memory must be positive, got {memory_bytes} bytes")
+    if context_tokens <= 0:
+        raise MemoryPlanError(f"context must be positive, got {context_tokens} tokens")
+    if block_tokens <= 0:
+        raise MemoryPlanError(f"block size must be positive, got {block_tokens} tokens")
+    if tp <= 0:
+        raise MemoryPlanError(f"tensor parallel size must be positive, got {tp}")
+    if shape.num_attention_heads % tp != 0:
+        raise MemoryPlanError(
+            f"{shape.num_attention_heads} attention heads do not split over {tp} ranks"
+        )
+    if shape.num_kv_heads % tp != 0 and tp % shape.num_kv_heads != 0:
+        raise MemoryPlanError(f"{shape.num_kv_heads} KV heads do not split over {tp} ranks")
+
+
+def _weight_bits(weight_dtype: str, quantization: str | None) -> int:
+    """Bits per weight: the dtype's, or the quantization's when there is one."""
+    if quantization is None:
+        return dtype_bits(weight_dtype)
+    try:
+        return QUANTIZATION_BITS[quantization.lower()]
+    except KeyError:
+        known = ", ".join(sorted(QUANTIZATION_BITS))
+        raise MemoryPlanError(f"unknown quantization {quantization!r} (known: {known})") from None
+
+
+def _reserve_and_kv_budget(memory_bytes: int, weight_bytes: int) -> tuple[int, int]:
+    """The activation reserve and what is left for the KV cache; raises MemoryPlanError
+    when the weights leave nothing."""
+    # weights + KV + reserve <= memory, reserve = 10% of (weights + KV).
+    usable_bytes = (
+        memory_bytes
+        * ACTIVATION_RESERVE_FRACTION_DEN
+        // (ACTIVATION_RESERVE_FRACTION_DEN + ACTIVATION_RESERVE_FRACTION_NUM)
+    )
+    reserve_bytes = memory_bytes - usable_bytes
+    kv_budget_bytes = usable_bytes - weight_bytes
+    if kv_budget_bytes <= 0:
+        raise MemoryPlanError(
+            f"the weights alone ({weight_bytes / 2**30:.2f} GiB per rank) leave no room for a "
+            f"KV cache in {memory_bytes / 2**30:.2f} GiB with a 10% reserve; "
+            "use more memory, more tensor parallelism or quantization"
+        )
+    return reserve_bytes, kv_budget_bytes
+
+
 def plan_memory(
     config: Mapping[str, Any] | str | Path,
     memory_bytes: int,
@@ -284,33 +335,10 @@ def plan_memory(
     leave nothing for the KV cache.
     """
     shape = ModelShape.from_config(load_model_config(config))
-    if memory_bytes <= 0:
-        raise MemoryPlanError(f"memory must be positive, got {memory_bytes} bytes")
-    if context_tokens <= 0:
-        raise MemoryPlanError(f"context must be positive, got {context_tokens} tokens")
-    if block_tokens <= 0:
-        raise MemoryPlanError(f"block size must be positive, got {block_tokens} tokens")
     tp = tensor_parallel_size
-    if tp <= 0:
-        raise MemoryPlanError(f"tensor parallel size must be positive, got {tp}")
-    if shape.num_attention_heads % tp != 0:
-        raise MemoryPlanError(
-            f"{shape.num_attention_heads} attention heads do not split over {tp} ranks"
-        )
-    if shape.num_kv_heads % tp != 0 and tp % shape.num_kv_heads != 0:
-        raise MemoryPlanError(f"{shape.num_kv_heads} KV heads do not split over {tp} ranks")
-
+    _check_plan_inputs(shape, memory_bytes, context_tokens, block_tokens, tp)
     weight_dtype = _resolve_dtype(dtype, shape)
-    if quantization is None:
-        weight_bits = dtype_bits(weight_dtype)
-    else:
-        try:
-            weight_bits = QUANTIZATION_BITS[quantization.lower()]
-        except KeyError:
-            known = ", ".join(sorted(QUANTIZATION_BITS))
-            raise MemoryPlanError(
-                f"unknown quantization {quantization!r} (known: {known})"
-            ) from None
+    weight_bits = _weight_bits(weight_dtype, quantization)
     cache_dtype = weight_dtype if kv_dtype is None else _resolve_dtype(kv_dtype, shape)
 
     parameter_count = shape.parameter_count()
@@ -323,20 +351,7 @@ def plan_memory(
         * dtype_bits(cache_dtype)
         // 8
     )
-    # weights + KV + reserve <= memory, reserve = 10% of (weights + KV).
-    usable_bytes = (
-        memory_bytes
-        * ACTIVATION_RESERVE_FRACTION_DEN
-        // (ACTIVATION_RESERVE_FRACTION_DEN + ACTIVATION_RESERVE_FRACTION_NUM)
-    )
-    reserve_bytes = memory_bytes - usable_bytes
-    kv_budget_bytes = usable_bytes - weight_bytes
-    if kv_budget_bytes <= 0:
-        raise MemoryPlanError(
-            f"the weights alone ({weight_bytes / 2**30:.2f} GiB per rank) leave no room for a "
-            f"KV cache in {memory_bytes / 2**30:.2f} GiB with a 10% reserve; "
-            "use more memory, more tensor parallelism or quantization"
-        )
+    reserve_bytes, kv_budget_bytes = _reserve_and_kv_budget(memory_bytes, weight_bytes)
     block_bytes = block_tokens * kv_bytes_per_token
     num_kv_blocks = kv_budget_bytes // block_bytes
 

@@ -81,7 +81,15 @@ class WorkerMetrics:
 
     def __init__(self, energy_meter: EnergyMeter | None = None) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._add_engine_metrics(self.registry)
+        self._add_request_metrics(self.registry)
+        self._live = _LiveCollector(energy_meter or meter_for(os.getpid()))
+        self.registry.register(self._live)
+        self._server: Any = None
+
+    def _add_engine_metrics(self, r: CollectorRegistry) -> None:
+        """What engine steps and token commits feed: batches, tokens, preemptions, KV
+        persisted and loaded, commit latency."""
         self.batch_size = Histogram(
             PREFIX + "batch_size",
             "requests run per engine step (the workload batch: prefills + decodes)",
@@ -123,6 +131,9 @@ class WorkerMetrics:
             buckets=COMMIT_BUCKETS_SECONDS,
             registry=r,
         )
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """What the gRPC edge feeds per request: latencies, ends, notices and resumes."""
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds",
             "from the worker accepting a request to its first output token",
@@ -168,9 +179,6 @@ class WorkerMetrics:
             self.tpot.labels(path)
         for kind in ("migrated", "recovered"):
             self.resumed_requests.labels(kind)
-        self._live = _LiveCollector(energy_meter or meter_for(os.getpid()))
-        r.register(self._live)
-        self._server: Any = None
 
     # -- feeds -----------------------------------------------------------------------------
 

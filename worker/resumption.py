@@ -1,0 +1,233 @@
+"""The engine's resumes: a request another worker started continues here from the store, and,
+as a migration's target, its persisted blocks are staged (and warmed into vLLM's cache)
+before the pause so the resume loads less.
+
+    prefetch ─▶ stage the full blocks (prefetch.py) ─▶ warm-up: a one-token request whose
+                prefill the connector serves from staging; vLLM keeps the blocks cached
+    resume   ─▶ committed tokens the client lacks (from the store, at once)
+             ─▶ MIGRATED / RECOVERED event ─▶ the new tokens, indices continuing
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncGenerator
+
+from context_daemon.store import RequestStatus
+from spotinfer.requests import (
+    Event,
+    EventKind,
+    FinishReason,
+    GenerationRequest,
+    Sampling,
+    TokenChunk,
+)
+from worker.constants import (
+    KV_PARAM_FIRST_INDEX,
+    KV_PARAM_REQUEST_ID,
+    KV_PARAM_RESUME,
+    KV_PARAM_WARM,
+    WARM_REQUEST_SUFFIX,
+    WARM_TIMEOUT_SECONDS,
+)
+from worker.engine_context import EngineContext
+from worker.errors import CannotResume, EngineNotReady, WorkerDraining
+from worker.prefetch import PrefetchOutcome, prefetch_stage
+from worker.resume_point import ResumePoint, read_resume_point
+from worker.streams import RequestStreams
+
+log = logging.getLogger(__name__)
+
+
+class Resumption:
+    """Resumes and prefetches on top of the engine's streams."""
+
+    def __init__(self, context: EngineContext, streams: RequestStreams) -> None:
+        self._ctx = context
+        self._streams = streams
+
+    async def resume(self, request_id: str, from_index: int) -> AsyncGenerator[TokenChunk, None]:
+        """Continues a request from the store, streaming every token from ``from_index`` on:
+        first the committed ones the client lacks (at once, from the store), then, once the
+        engine has taken the request, a MIGRATED or RECOVERED event (how many prefill tokens
+        were loaded and how many recomputed) and the new tokens, indices continuing. Raises
+        RecordNotFound or CannotResume."""
+        self._streams.check_admission(request_id)
+        if self._ctx.store is None or self._ctx.committer is None:
+            raise CannotResume("this worker runs without a store (--redis-url); it cannot resume")
+        point = await asyncio.to_thread(
+            read_resume_point, self._ctx.store, request_id, self._ctx.fingerprint
+        )
+        sampling = dataclasses.replace(point.sampling, max_tokens=point.remaining_tokens)
+        request = GenerationRequest(request_id, point.engine_prompt, sampling)
+        if point.remaining_tokens == 0:
+            # The old worker produced every token but died before it could say so.
+            self._ctx.committer.admit(point.record, point.committed_token_ids)
+            self._ctx.committer.finish(request_id, RequestStatus.FINISHED)
+            yield self._recovered_chunk(point, from_index, len(point.engine_prompt), 0)
+            yield TokenChunk(
+                request_id,
+                min(from_index, point.next_index),
+                token_ids=point.committed_token_ids[from_index:],
+                finish_reason=FinishReason.LENGTH,
+                worker_id=self._ctx.config.worker_id,
+            )
+            return
+        self._streams.validate(request)
+        self._ctx.committer.admit(point.record, point.committed_token_ids)
+        staged = self._ctx.staging.blocks_of(request_id) if self._ctx.staging is not None else 0
+        kv_params = {
+            KV_PARAM_REQUEST_ID: request_id,
+            KV_PARAM_RESUME: True,
+            KV_PARAM_FIRST_INDEX: point.next_index,
+        }
+        if from_index < point.next_index:
+            # Committed, but the client never saw them: the pause dropped the token of the
+            # step in flight (vLLM takes an abort before that step's output), the client's
+            # stream lagged, or the old worker died between the commit and the send. They
+            # need no engine, so they go out now, a step before the first new token. Text
+            # is left out (the coordinator decodes them).
+            yield TokenChunk(
+                request_id,
+                from_index,
+                token_ids=point.committed_token_ids[from_index:],
+                worker_id=self._ctx.config.worker_id,
+            )
+        event_index = max(from_index, point.next_index)
+        first = True
+        async with contextlib.aclosing(
+            self._streams.stream(request, point.next_index, kv_params)
+        ) as steps:
+            async for chunk, cached_tokens in steps:
+                if first:
+                    first = False
+                    if self._ctx.staging is not None:  # loaded by now: the copies can go
+                        self._ctx.staging.drop(request_id)
+                    yield self._recovered_chunk(
+                        point, event_index, len(point.engine_prompt), cached_tokens or 0, staged
+                    )
+                trimmed = _from_index(chunk, from_index)
+                if trimmed is not None:
+                    yield trimmed
+
+    def _recovered_chunk(
+        self,
+        point: ResumePoint,
+        index: int,
+        prompt_tokens: int,
+        cached_tokens: int,
+        staged_blocks: int = 0,
+    ) -> TokenChunk:
+        # vLLM computes the last prompt token in any case (its output is the next token);
+        # everything else it did not load counts as recomputed, unless nothing is computed
+        # (every token was committed) or no worker had computed any of it (it was paused
+        # while still queued: this prefill is its first).
+        recomputed = max(0, prompt_tokens - cached_tokens - 1) if prompt_tokens else 0
+        if point.never_computed or not point.remaining_tokens:
+            recomputed = 0
+        # A request paused on a notice migrated; any other was recovered after a loss.
+        kind = (
+            EventKind.MIGRATED
+            if point.record.status is RequestStatus.PAUSED
+            else EventKind.RECOVERED
+        )
+        detail = (
+            f"resumed at index {point.next_index}: {cached_tokens} of {prompt_tokens} "
+            f"context tokens loaded, {recomputed} recomputed"
+        )
+        if staged_blocks:
+            detail += f"; {staged_blocks} blocks prefetched before the pause"
+
+        log.info("request %s %s", point.record.request_id, detail)
+        return TokenChunk(
+            request_id=point.record.request_id,
+            index=index,
+            event=Event(
+                kind=kind,
+                from_worker=point.record.owner_worker_id,
+                to_worker=self._ctx.config.worker_id,
+                recomputed_tokens=recomputed,
+                loaded_tokens=cached_tokens,
+                detail=detail,
+            ),
+            worker_id=self._ctx.config.worker_id,
+        )
+
+    async def prefetch(self, request_id: str) -> PrefetchOutcome:
+        """A migration stage on this worker as its target: stage the request's persisted full
+        blocks (see prefetch.py). Raises CannotResume, RecordNotFound, WorkerDraining,
+        StagingFull or StoreUnavailable."""
+        if self._ctx.store is None or self._ctx.staging is None:
+            raise CannotResume(
+                "this worker has no store or no staging memory (--redis-url, --staging-mib)"
+            )
+        if self._streams.draining:
+            raise WorkerDraining("the worker is draining and takes no migrations")
+        if self._ctx.llm is None:
+            raise EngineNotReady("the engine is still loading the model")
+        outcome = await asyncio.to_thread(
+            prefetch_stage,
+            self._ctx.store,
+            self._ctx.staging,
+            request_id,
+            self._ctx.fingerprint,
+            self._ctx.require_shape().kv_block_tokens,
+        )
+        if outcome.new_blocks:
+            await self._warm(request_id, outcome.staged_prefix)
+        return outcome
+
+    async def _warm(self, request_id: str, staged_prefix: tuple[int, ...]) -> None:
+        """Loads the staged blocks into vLLM's cache ahead of the resume: a one-token request
+        over the staged tokens (plus the next one, which vLLM computes itself) whose prefill
+        the connector serves from staging. Once it ends, vLLM keeps the blocks in its prefix
+        cache, so the resume after the pause finds them there and loads only the rest.
+        Best effort: if the blocks are evicted first, or the warm-up fails, the resume loads
+        them from staging as before."""
+        if not staged_prefix:
+            return
+        warm_id = request_id + WARM_REQUEST_SUFFIX
+        warm = GenerationRequest(
+            warm_id, staged_prefix, Sampling(max_tokens=1, temperature=0.0, ignore_eos=True)
+        )
+        # vLLM needs one prompt token to compute: the first of the next block will do, as
+        # any token would (its KV is not kept); the block hashes only cover full blocks.
+        prompt = (*staged_prefix, staged_prefix[-1])
+        params = self._streams.sampling_params(
+            warm, {KV_PARAM_REQUEST_ID: request_id, KV_PARAM_RESUME: True, KV_PARAM_WARM: True}
+        )
+
+        async def run() -> None:
+            async for _ in self._ctx.llm.generate(
+                self._streams.prompt(request_id, prompt), params, request_id=warm_id
+            ):
+                pass
+
+        try:
+            await asyncio.wait_for(run(), WARM_TIMEOUT_SECONDS)
+        except Exception as exc:  # the resume loads the staged blocks itself
+            log.warning("warm-up of %s's staged blocks failed: %r", request_id, exc)
+            await self._streams.abort_quietly(warm_id)
+
+    def drop_prefetch(self, request_id: str) -> int:
+        """Frees what was staged for ``request_id`` (an aborted handshake)."""
+        return self._ctx.staging.drop(request_id) if self._ctx.staging is not None else 0
+
+
+def _from_index(chunk: TokenChunk, from_index: int) -> TokenChunk | None:
+    """The part of ``chunk`` at or after ``from_index`` (the client already has the rest).
+
+    A chunk cut in two loses its text: the text of the kept tokens alone is not known here.
+    """
+    end = chunk.index + len(chunk.token_ids)
+    if chunk.index >= from_index:
+        return chunk
+    if end <= from_index and not chunk.finished:
+        return None
+    keep = chunk.token_ids[max(0, from_index - chunk.index) :]
+    return dataclasses.replace(
+        chunk, index=max(chunk.index, min(from_index, end)), token_ids=keep, text=""
+    )

@@ -1,0 +1,51 @@
+"""What the spot connector's scheduler side hands its worker side for one engine step: the
+blocks to save and to load, the token lists to commit, and the cache slots to release."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+from context_daemon.store import TokenCommit
+from context_daemon.store.block_codec import Buffer
+
+
+@dataclass(frozen=True)
+class BlockSave:
+    """Copy cache slot ``block_id`` and store it as block ``block_index`` of the request;
+    ``num_tokens`` > 0 makes it the partial tail. ``required``: part of a pause's flush."""
+
+    request_id: str
+    block_index: int
+    block_id: int
+    prefix_hash: bytes
+    num_tokens: int = 0
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class BlockLoad:
+    """Fill cache slot ``block_id`` with a verified stored payload."""
+
+    block_id: int
+    payload: Buffer
+    staged: bool = False  # from the staging memory of a migration, not from Redis
+    num_tokens: int = 0  # tokens the payload holds; below the block size: a partial tail
+
+
+@dataclass
+class SpotConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler role hands the worker role for one step."""
+
+    saves: list[BlockSave] = field(default_factory=list)
+    loads: list[BlockLoad] = field(default_factory=list)
+    commits: list[TokenCommit] = field(default_factory=list)
+    cached_blocks: int = 0
+    """Blocks resumes found in vLLM's prefix cache since the previous step (counted only)."""
+    released: list[str] = field(default_factory=list)
+    """vLLM ids whose blocks may be freed once this step's saves are copied."""
+    without_kv: list[str] = field(default_factory=list)
+    """Our ids of paused requests of which no KV was computed: their records say so."""
+    final_commits: list[TokenCommit] = field(default_factory=list)
+    """Whole token lists of requests that reached their max_tokens (best effort)."""

@@ -1,0 +1,126 @@
+"""The spot connector's worker side (in the model runner): it copies verified payloads into
+the paged cache before a forward pass, copies the blocks the scheduler side named out of it
+after, and hands them to the write-behind thread (kv_block_writer.py). It only copies bytes:
+which block is which, the scheduler side decided. See spot_connector.py for both sides.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from context_daemon.store import KVFormat, RedisStore
+from context_daemon.store.block_codec import header_bytes
+from worker.constants import KV_WRITE_QUEUE_BLOCKS
+from worker.kv_block_writer import KVBlockWriter, PendingBlock
+from worker.kv_layout import BlockGeometry, check_tensors, copy_block, layer_names, load_block
+from worker.persist_stats import (
+    CACHED_BLOCKS,
+    DROPPED_BLOCKS,
+    LOADED_STAGED_BLOCKS,
+    LOADED_STORE_BLOCKS,
+    WRITTEN_BLOCKS,
+    WRITTEN_BYTES,
+    PersistReporter,
+    PersistStats,
+)
+from worker.spot_connector_metadata import SpotConnectorMetadata
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+WRITER_CLOSE_SECONDS = 5.0
+
+
+class SpotConnectorWorker:
+    """The worker role's half of `SpotKVConnector` (vLLM calls it from the model runner)."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        kv_format: KVFormat,
+        geometry: BlockGeometry,
+        store: RedisStore,
+    ) -> None:
+        self._kv_format = kv_format
+        self._geometry = geometry
+        self._header_bytes = header_bytes(kv_format)
+        self._num_blocks = int(kv_cache_config.num_blocks)
+        self._layer_names = layer_names(kv_cache_config)
+        self._store = store
+        self._tensors: list[torch.Tensor] = []
+        self._released: set[str] = set()
+        self._loaded_staged = 0
+        self._loaded_from_store = 0
+        self._found_cached = 0
+        self._writer = KVBlockWriter(store, kv_format, KV_WRITE_QUEUE_BLOCKS)
+        self._persist_reporter = PersistReporter()
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        tensors = [kv_caches[name] for name in self._layer_names]
+        check_tensors(tensors, self._num_blocks, self._kv_format)
+        self._tensors = tensors
+
+    def start_load_kv(self, meta: SpotConnectorMetadata) -> None:
+        """Fills every layer of the step's loads before the forward pass."""
+        self._found_cached += meta.cached_blocks
+        for load in meta.loads:
+            load_block(self._tensors, load.block_id, load.payload, self._geometry, load.num_tokens)
+            if load.staged:
+                self._loaded_staged += 1
+            else:
+                self._loaded_from_store += 1
+
+    def wait_for_save(self, meta: SpotConnectorMetadata) -> None:
+        """Copies the step's saves out of the cache (whole blocks, all layers) after the
+        forward pass and queues them, with the step's commits and marks, for the writer."""
+        for commit in meta.commits:
+            self._writer.submit_tokens(commit)
+        for save in meta.saves:
+            self._writer.submit(
+                PendingBlock(
+                    request_id=save.request_id,
+                    block_index=save.block_index,
+                    prefix_hash=save.prefix_hash,
+                    data=copy_block(
+                        self._tensors,
+                        save.block_id,
+                        self._header_bytes,
+                        self._geometry,
+                        save.num_tokens,
+                    ),
+                    num_tokens=save.num_tokens,
+                ),
+                required=save.required,
+            )
+        for request_id in meta.without_kv:
+            self._writer.submit_no_kv(request_id)
+        for commit in meta.final_commits:
+            self._writer.submit_tokens(commit, final=True)
+        # The copies are private: the cache slots may be freed now.
+        self._released.update(meta.released)
+
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
+        """The vLLM ids whose blocks are copied out, so vLLM may free them."""
+        if not self._released:
+            return None, None
+        released, self._released = self._released, set()
+        return released, None
+
+    def get_kv_connector_stats(self) -> PersistStats | None:
+        """What the writer persisted since the last call (the worker's metrics add it up)."""
+        return self._persist_reporter.report(
+            {
+                WRITTEN_BLOCKS: self._writer.written_blocks,
+                WRITTEN_BYTES: self._writer.written_bytes,
+                DROPPED_BLOCKS: self._writer.dropped_blocks,
+                LOADED_STAGED_BLOCKS: self._loaded_staged,
+                LOADED_STORE_BLOCKS: self._loaded_from_store,
+                CACHED_BLOCKS: self._found_cached,
+            }
+        )
+
+    def shutdown(self) -> None:
+        self._writer.close(WRITER_CLOSE_SECONDS)
+        self._store.close()

@@ -1,0 +1,250 @@
+"""The engine's token streams: admission, one vLLM request per stream (DELTA outputs, one per
+step, turned into `TokenChunk`s with our output indices), tokens to the committer, abort.
+
+A request the preemption part marks ``paused`` ends in vLLM as an abort, but its stream does
+not end as cancelled: its last tokens go out, then a NOTICE event (the client's relay resumes
+it elsewhere), and the committer marks it PAUSED, not CANCELLED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from context_daemon.store import RequestRecord, RequestStatus
+from spotinfer.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
+from spotinfer.validation import check_prompt_tokens, check_sampling
+from worker.constants import KV_PARAM_REQUEST_ID, PAUSED_DETAIL
+from worker.engine_context import EngineContext
+from worker.errors import (
+    DuplicateRequest,
+    EngineNotReady,
+    InvalidRequest,
+    RequestNotFound,
+    WorkerDraining,
+)
+from worker.resume_point import sampling_to_record
+
+log = logging.getLogger(__name__)
+
+_FINISH_REASONS = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "abort": FinishReason.CANCELLED,
+    "error": FinishReason.ERROR,
+}
+
+_STORE_STATUS = {
+    FinishReason.STOP: RequestStatus.FINISHED,
+    FinishReason.LENGTH: RequestStatus.FINISHED,
+    FinishReason.CANCELLED: RequestStatus.CANCELLED,
+    FinishReason.ERROR: RequestStatus.FAILED,
+}
+
+
+@dataclass
+class RunningRequest:
+    """One in-flight request as this worker streams it (owned by the event loop)."""
+
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    streamed_tokens: int = 0  # output tokens in the store's indexing (resumes start at n)
+    paused: bool = False  # set by preempt: its abort is a pause, not a cancel
+
+
+class RequestStreams:
+    """Every request running here, by our id; ``draining``: no new ones are admitted."""
+
+    def __init__(self, context: EngineContext) -> None:
+        self._ctx = context
+        self.running: dict[str, RunningRequest] = {}
+        self.requests_total = 0
+        self.draining = False
+
+    def stop_admitting(self) -> None:
+        self.draining = True
+
+    def check_admission(self, request_id: str) -> None:
+        if self.draining:
+            raise WorkerDraining("the worker is draining and admits no new requests")
+        if self._ctx.llm is None:
+            raise EngineNotReady("the engine is still loading the model")
+        if request_id in self.running:
+            raise DuplicateRequest(f"request {request_id!r} is already running on this worker")
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raises InvalidRequest with a readable message; see `spotinfer.validation`."""
+        limits = self._ctx.require_limits()
+        check_prompt_tokens(request.prompt_token_ids, limits)
+        check_sampling(request.sampling, len(request.prompt_token_ids), limits)
+        if request.sampling.top_k > limits.vocab_size:
+            raise InvalidRequest(
+                f"top_k {request.sampling.top_k} is over the vocabulary size {limits.vocab_size}"
+            )
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
+        """Streams the output. The caller going away stops the request in vLLM; with a store
+        it stays paused and resumable (Worker.Resume), as after a notice."""
+        self.check_admission(request.request_id)
+        self.validate(request)
+        kv_params: dict[str, Any] = {}
+        committer = self._ctx.committer
+        if committer is not None:
+            kv_params = {KV_PARAM_REQUEST_ID: request.request_id}
+            committer.admit(
+                RequestRecord(
+                    request_id=request.request_id,
+                    model_fingerprint=self._ctx.fingerprint,
+                    prompt_token_ids=request.prompt_token_ids,
+                    sampling_params=sampling_to_record(request.sampling),
+                    kv_block_tokens=self._ctx.require_shape().kv_block_tokens,
+                    status=RequestStatus.RUNNING,
+                    owner_worker_id=self._ctx.config.worker_id,
+                )
+            )
+        async with contextlib.aclosing(self.stream(request, 0, kv_params)) as steps:
+            async for chunk, _ in steps:
+                yield chunk
+
+    async def stream(
+        self, request: GenerationRequest, start_index: int, kv_params: dict[str, Any]
+    ) -> AsyncGenerator[tuple[TokenChunk, int | None], None]:
+        """Runs one request in vLLM; yields each step's chunk (indices from ``start_index``)
+        with vLLM's count of prompt tokens it did not compute (prefix cache or connector)."""
+        request_id = request.request_id
+        if request_id in self.running:
+            raise DuplicateRequest(f"request {request_id!r} is already running on this worker")
+        running = RunningRequest(streamed_tokens=start_index)
+        self.running[request_id] = running
+        self.requests_total += 1
+        committer = self._ctx.committer
+        index = start_index
+        finish = FinishReason.CANCELLED  # unless vLLM says otherwise
+        try:
+            outputs = self._ctx.llm.generate(
+                self.prompt(request_id, request.prompt_token_ids),
+                self.sampling_params(request, kv_params),
+                request_id=request_id,
+            )
+            async for output in outputs:
+                chunk, paused_here = self._step_chunk(request_id, output, index, running.paused)
+                if paused_here:
+                    finish = FinishReason.CANCELLED
+                index += len(chunk.token_ids)
+                running.streamed_tokens = index
+                if committer is not None:
+                    committer.add(request_id, chunk.token_ids)
+                if chunk.finished:
+                    finish = chunk.finish_reason
+                if chunk.token_ids or not paused_here:
+                    yield chunk, output.num_cached_tokens
+                if chunk.finished or paused_here:
+                    break
+            last = self._last_chunk(request_id, index, finish, running.paused)
+            if last is not None:
+                yield last, None
+        except (asyncio.CancelledError, GeneratorExit):
+            if committer is not None and finish == FinishReason.CANCELLED:
+                # The caller went away (its coordinator died or restarts), not the client,
+                # who cancels with Abort: with a store the request stays resumable — paused
+                # and persisted as on a notice — so a coordinator can resume it on Attach.
+                running.paused = True
+                asyncio.get_running_loop().create_task(self.abort_quietly(request_id))
+            raise
+        finally:
+            if committer is not None:
+                if running.paused and finish == FinishReason.CANCELLED:
+                    committer.pause(request_id)
+                else:
+                    committer.finish(request_id, _STORE_STATUS[finish])
+            del self.running[request_id]
+            running.done.set()
+
+    def _step_chunk(
+        self, request_id: str, output: Any, index: int, paused: bool
+    ) -> tuple[TokenChunk, bool]:
+        """One vLLM output as a chunk at ``index``, and whether it is the abort of a paused
+        request: a pause is not an end, so its chunk does not finish (the NOTICE follows)."""
+        completion = output.outputs[0]
+        chunk_finish = _FINISH_REASONS.get(completion.finish_reason or "", FinishReason.NONE)
+        if output.finished and chunk_finish == FinishReason.NONE:
+            chunk_finish = FinishReason.STOP
+        paused_here = chunk_finish == FinishReason.CANCELLED and paused
+        if paused_here:
+            chunk_finish = FinishReason.NONE
+        chunk = TokenChunk(
+            request_id=request_id,
+            index=index,
+            token_ids=tuple(completion.token_ids),
+            text=completion.text,
+            finish_reason=chunk_finish,
+            worker_id=self._ctx.config.worker_id,
+        )
+        return chunk, paused_here
+
+    def _last_chunk(
+        self, request_id: str, index: int, finish: FinishReason, paused: bool
+    ) -> TokenChunk | None:
+        """What follows vLLM's last output of an aborted request, if anything."""
+        if finish == FinishReason.CANCELLED and paused:
+            # Not an end: the client's relay resumes it on another worker.
+            return self.paused_chunk(request_id, index)
+        if finish == FinishReason.CANCELLED:
+            # vLLM ends an aborted request's stream without a final output.
+            return TokenChunk(
+                request_id=request_id,
+                index=index,
+                finish_reason=FinishReason.CANCELLED,
+                worker_id=self._ctx.config.worker_id,
+            )
+        return None
+
+    def prompt(self, request_id: str, token_ids: Sequence[int]) -> dict[str, Any]:
+        """vLLM's prompt. Unless prefix caching across requests is on, the request's id salts
+        its block hashes: only the request itself (a warm-up before its resume) hits them."""
+        prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
+        if not self._ctx.config.enable_prefix_caching:
+            prompt["cache_salt"] = request_id
+        return prompt
+
+    def paused_chunk(self, request_id: str, index: int) -> TokenChunk:
+        worker_id = self._ctx.config.worker_id
+        return TokenChunk(
+            request_id=request_id,
+            index=index,
+            event=Event(kind=EventKind.NOTICE, from_worker=worker_id, detail=PAUSED_DETAIL),
+            worker_id=worker_id,
+        )
+
+    def sampling_params(self, request: GenerationRequest, kv_params: dict[str, Any]) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = request.sampling
+        return SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            stop=list(sampling.stop) or None,
+            ignore_eos=sampling.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+            # vLLM suffixes its request ids; the connector finds ours here.
+            extra_args={"kv_transfer_params": kv_params} if kv_params else None,
+        )
+
+    async def abort_quietly(self, request_id: str) -> None:
+        """Stops a request whose caller vanished (vLLM may have stopped it already)."""
+        try:
+            await self._ctx.llm.abort(request_id)
+        except Exception as exc:  # the engine may be shutting down: nothing left to stop
+            log.debug("abort of %s after its caller left: %s", request_id, exc)
+
+    async def abort(self, request_id: str) -> None:
+        if request_id not in self.running:
+            raise RequestNotFound(request_id)
+        await self._ctx.llm.abort(request_id)
