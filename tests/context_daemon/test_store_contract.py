@@ -36,7 +36,7 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[StoreMaker]:
             dataclasses.replace(TEST_STORE_CONFIG, retention_seconds=retention)
         )
         return
-    server: RedisServer = request.getfixturevalue("redis_single")
+    server: RedisServer = request.getfixturevalue("redis_server")
     client = redis.Redis.from_url(server.url, socket_timeout=5)
     yield lambda retention: RedisStore(
         client, dataclasses.replace(TEST_STORE_CONFIG, retention_seconds=retention)

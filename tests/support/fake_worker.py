@@ -141,9 +141,7 @@ class FakeWorker:
             mine = [s for s in self.open_streams() if s.request_id == request_id]
             return mine[-1] if mine else None
 
-        await wait_until_async(
-            found, timeout, message=f"a stream of {request_id} on {self.address}"
-        )
+        await wait_until_async(found, f"a stream of {request_id} on {self.address}", timeout)
         stream = found()
         assert stream is not None
         return stream

@@ -5,7 +5,7 @@ record is there."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,7 +20,8 @@ from context_daemon.store import (
     tail_hash,
 )
 from context_daemon.store.block_codec import header_bytes
-from tests.support.redis_server import RedisServer, skip_without_redis
+from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 from worker.flush_state import read_flush_state
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
 
@@ -37,12 +38,10 @@ OUTPUTS = (7, 8, 9)  # context 40: KV for 39 tokens = 2 full blocks and a 7-toke
 
 
 @pytest.fixture(scope="module")
-def store() -> Iterator[RedisStore]:
-    skip_without_redis()
-    with RedisServer() as server:
-        store = RedisStore.from_url(server.url)
-        yield store
-        store.close()
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    store = RedisStore.from_url(redis_server.url)
+    yield store
+    store.close()
 
 
 @pytest.fixture
@@ -67,13 +66,6 @@ def _record(request_id: str) -> RequestRecord:
         status=RequestStatus.RUNNING,
         owner_worker_id="worker-a",
     )
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
-        time.sleep(0.02)
 
 
 def test_a_flush_written_before_its_record_exists_lands_once_it_does(
@@ -101,7 +93,7 @@ def test_a_flush_written_before_its_record_exists_lands_once_it_does(
         )
         return state.complete
 
-    _wait(complete, "the flush complete in the store")
+    wait_until(complete, "the flush complete in the store", 10)
     record = store.get_request(request_id)
     assert record.persisted_block_hashes == tuple(full)
     assert store.committed_tokens(request_id) == list(OUTPUTS)
@@ -115,7 +107,7 @@ def test_a_pause_without_kv_is_marked_once_the_record_exists(
     time.sleep(0.2)
     store.create_request(_record(request_id))
     store.update_status(request_id, RequestStatus.PAUSED)
-    _wait(lambda: store.get_request(request_id).paused_without_kv, "the record marked")
+    wait_until(lambda: store.get_request(request_id).paused_without_kv, "the record marked", 10)
 
 
 def test_writes_of_an_ended_request_stay_refused(store: RedisStore, writer: KVBlockWriter) -> None:
