@@ -4,7 +4,6 @@ record is there."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -82,7 +81,8 @@ def test_a_flush_written_before_its_record_exists_lands_once_it_does(
     writer.submit_tokens(TokenCommit(request_id, 0, OUTPUTS))
     writer.submit(_block(request_id, 2, tail, num_tokens=7), required=True)
     assert writer.wait_settled(3, 10.0)
-    time.sleep(0.2)
+    # Its refused writes were tried again at least once before the record came.
+    assert writer.wait_rounds(writer.rounds + 1, 10.0)
 
     store.create_request(_record(request_id))  # the token committer, late
     store.update_status(request_id, RequestStatus.PAUSED)
@@ -103,8 +103,9 @@ def test_a_pause_without_kv_is_marked_once_the_record_exists(
     store: RedisStore, writer: KVBlockWriter
 ) -> None:
     request_id = "writer-late-mark"
+    rounds = writer.rounds
     writer.submit_no_kv(request_id)
-    time.sleep(0.2)
+    assert writer.wait_rounds(rounds + 1, 10.0), "the mark was tried (and refused)"
     store.create_request(_record(request_id))
     store.update_status(request_id, RequestStatus.PAUSED)
     wait_until(lambda: store.get_request(request_id).paused_without_kv, "the record marked", 10)
@@ -114,7 +115,9 @@ def test_writes_of_an_ended_request_stay_refused(store: RedisStore, writer: KVBl
     request_id = "writer-ended"
     store.create_request(_record(request_id))
     store.finish_request(request_id, RequestStatus.CANCELLED)  # no retention: deleted
+    rounds = writer.rounds
     writer.submit_tokens(TokenCommit(request_id, 0, OUTPUTS))
     writer.submit_no_kv(request_id)
-    time.sleep(0.3)
+    # Their first round and a retry are over: both were refused.
+    assert writer.wait_rounds(rounds + 2, 10.0)
     assert store.keys_for_request(request_id) == []
