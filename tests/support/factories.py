@@ -151,38 +151,6 @@ def make_admission(
     return Admission(registry, RoutingPolicy.create(routing), pool, limits or make_limits())
 
 
-class NoTexts:
-    """A coordinator without a tokenizer: no text is decoded."""
-
-    def span(
-        self, prompt_ids: Sequence[int], output_ids: Sequence[int], start: int, end: int
-    ) -> str | None:
-        return None
-
-
-def make_relay(
-    request: GenerationRequest,
-    admission: Admission,
-    failover: FailoverPolicy,
-    clock: ManualClock | None = None,
-) -> Relay:
-    """A relay for ``request``, admitted (enqueue) but not started."""
-    ticket = admission.enqueue(request)
-    observer = _Observer()
-    return Relay(request, ticket, admission, failover, observer, NoTexts(), clock or ManualClock())
-
-
-class _Observer:
-    def placed(self, relay: Relay) -> None:
-        pass
-
-    def delivered(self, relay: Relay, new_tokens: int) -> None:
-        pass
-
-    def finished(self, relay: Relay) -> None:
-        pass
-
-
 @dataclass
 class Cluster:
     """A coordinator's core wired as `coordinator.server.Coordinator` wires it, around fake
