@@ -11,7 +11,6 @@ from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
 
 STREAM_TIMEOUT_SECONDS = 300.0
-POLL_SECONDS = 0.02
 
 
 def greedy_request(
