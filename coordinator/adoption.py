@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from context_daemon.store import RedisStore, RequestRecord, RequestStatus
 from context_daemon.store import RequestNotFound as StoreRequestNotFound
+from context_daemon.store import RequestRecord, RequestStatus, RequestStore
 from coordinator.constants import (
     ADOPT_PAUSE_WAIT_SECONDS,
     ADOPT_POLL_SECONDS,
@@ -50,7 +50,7 @@ class Adoption:
     def __init__(
         self,
         records: RouteRecords,
-        store: RedisStore,
+        store: RequestStore,
         own_address: Callable[[], str],
         max_message_bytes: int,
     ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -33,8 +34,27 @@ class DaemonEvent:
         return self.action in _ENDING_ACTIONS
 
 
+class DaemonEndpoint(Protocol):
+    """The calls the coordinator makes on one context daemon (migration.py holds a daemon
+    through this; `DaemonClient` is the gRPC one, unit tests script a fake)."""
+
+    address: str
+
+    async def close(self) -> None: ...
+
+    def watch(
+        self, on_subscribed: Callable[[], None] = lambda: None, orchestrates: bool = False
+    ) -> AsyncIterator[DaemonEvent]:
+        """Every notice and flush report from the subscription on, until it breaks."""
+        ...
+
+    def flush(self, deadline_unix: float, timeout_seconds: float) -> AsyncIterator[FlushReport]:
+        """The daemon's Flush: one report per paused request."""
+        ...
+
+
 class DaemonClient:
-    """One channel to one daemon. Calls raise grpc.aio.AioRpcError when it does not answer."""
+    """One channel to one daemon (a DaemonEndpoint). Calls raise grpc.aio.AioRpcError when it does not answer."""
 
     def __init__(self, address: str) -> None:
         self.address = address

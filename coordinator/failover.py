@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from context_daemon.store import RedisStore, StoreUnavailable
+from context_daemon.store import RequestStore, StoreUnavailable
 from coordinator.admission import Admission, Lease
 from coordinator.errors import NothingPersisted, RequestLost
 from coordinator.migration import Migrations
@@ -82,7 +82,7 @@ class FailoverPolicy:
         self,
         admission: Admission,
         migrations: Migrations | None = None,
-        store: RedisStore | None = None,
+        store: RequestStore | None = None,
     ) -> None:
         self._admission = admission
         self._migrations = migrations
@@ -98,7 +98,7 @@ class FailoverPolicy:
         name: str,
         admission: Admission,
         migrations: Migrations | None = None,
-        store: RedisStore | None = None,
+        store: RequestStore | None = None,
     ) -> FailoverPolicy:
         try:
             policy_class = cls._by_name[name]
@@ -272,7 +272,7 @@ class RerouteFromScratch(FailoverPolicy, name="reroute"):
         )
 
 
-async def _forget_in(store: RedisStore, request_id: str) -> None:
+async def _forget_in(store: RequestStore, request_id: str) -> None:
     try:
         await asyncio.to_thread(store.delete_request, request_id)
     except StoreUnavailable as exc:

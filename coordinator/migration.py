@@ -58,7 +58,7 @@ from coordinator.constants import (
     STAGING_MAX_STAGES,
     STAGING_MIN_LEFT_SECONDS,
 )
-from coordinator.daemon_client import DaemonClient, DaemonEvent
+from coordinator.daemon_client import DaemonClient, DaemonEndpoint, DaemonEvent
 from coordinator.registry import Registry, WorkerEntry, WorkerState
 from coordinator.worker_client import PrefetchRefused
 from spotinfer.requests import GenerationRequest
@@ -107,13 +107,13 @@ class Migrations:
     def __init__(
         self,
         registry: Registry,
-        daemon_factory: Callable[[str], DaemonClient] = DaemonClient,
+        daemon_factory: Callable[[str], DaemonEndpoint] = DaemonClient,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._registry = registry
         self._daemon_factory = daemon_factory
         self._clock = clock
-        self._daemons: dict[str, DaemonClient] = {}  # by worker address
+        self._daemons: dict[str, DaemonEndpoint] = {}  # by worker address
         self._tasks: set[asyncio.Task[None]] = set()
         self._deadlines: dict[str, float] = {}  # notice deadline by worker address
         self._reports: dict[tuple[str, str], tuple[FlushReport, float]] = {}
@@ -185,7 +185,7 @@ class Migrations:
 
     # -- staging -------------------------------------------------------------------------
 
-    async def _evacuate(self, entry: WorkerEntry, daemon: DaemonClient) -> None:
+    async def _evacuate(self, entry: WorkerEntry, daemon: DaemonEndpoint) -> None:
         """Stages every request of the noticed ``entry`` on its target, then has the daemon
         pause and flush them all (the last stage)."""
         try:
@@ -364,7 +364,7 @@ class Migrations:
 
     # -- background calls ----------------------------------------------------------------
 
-    async def _follow(self, entry: WorkerEntry, daemon: DaemonClient) -> None:
+    async def _follow(self, entry: WorkerEntry, daemon: DaemonEndpoint) -> None:
         """The daemon's notices and reports, re-subscribing whenever the stream breaks."""
         while True:
             try:
@@ -392,7 +392,9 @@ class Migrations:
         else:
             log.info("worker %s: %s hint from %s", entry.worker_id, event.action, event.source)
 
-    async def _flush(self, entry: WorkerEntry, daemon: DaemonClient, deadline_unix: float) -> None:
+    async def _flush(
+        self, entry: WorkerEntry, daemon: DaemonEndpoint, deadline_unix: float
+    ) -> None:
         timeout = max(0.0, deadline_unix - self._clock()) + FLUSH_WAIT_MARGIN_SECONDS
         try:
             async for report in daemon.flush(deadline_unix, timeout):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from coordinator.errors import UnknownWorker
-from coordinator.worker_client import WorkerCapacity, WorkerClient
+from coordinator.worker_client import WorkerCapacity, WorkerEndpoint
 from spotinfer.requests import GenerationRequest, SlaClass
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class WorkerEntry:
 
     address: str
     role: WorkerRole
-    client: WorkerClient
+    client: WorkerEndpoint
     worker_id: str
     registered_monotonic: float
     capacity: WorkerCapacity | None = None
@@ -134,7 +134,7 @@ class Registry:
     def __init__(
         self,
         lost_after_seconds: float,
-        client_factory: Callable[[str], WorkerClient],
+        client_factory: Callable[[str], WorkerEndpoint],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lost_after_seconds = lost_after_seconds

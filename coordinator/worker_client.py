@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -55,8 +56,46 @@ class PrefetchRefused(RuntimeError):
     """The target will not stage the request (no room, no store, draining, not found)."""
 
 
+class WorkerEndpoint(Protocol):
+    """The calls the coordinator makes on one worker (the registry, heartbeat, relay,
+    failover and migration hold a worker through this). `WorkerClient` is the gRPC one;
+    unit tests script a fake. Streams are lazy: their errors come out while iterating."""
+
+    address: str
+
+    async def close(self) -> None: ...
+
+    async def stats(self) -> WorkerCapacity:
+        """Raises grpc.aio.AioRpcError when the worker does not answer in time."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        """The request's output; a broken stream raises WorkerStreamBroken, a refusal of the
+        request itself InvalidRequest."""
+        ...
+
+    def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
+        """The rest of a persisted request from ``from_index``; NothingPersisted when the
+        store holds no record of it."""
+        ...
+
+    async def abort(self, request_id: str) -> bool:
+        """False when the request no longer runs there."""
+        ...
+
+    async def prefetch(self, request_id: str, timeout_seconds: float) -> PrefetchResult:
+        """One migration stage on this worker as the target; raises PrefetchRefused."""
+        ...
+
+    async def drop_prefetch(self, request_id: str) -> int:
+        """Frees what the stages staged here; best effort."""
+        ...
+
+    async def drain(self, grace_seconds: float) -> int: ...
+
+
 class WorkerClient:
-    """One channel to one worker. Not thread-safe: use from the coordinator's event loop."""
+    """One channel to one worker (a WorkerEndpoint). Not thread-safe: use from the coordinator's event loop."""
 
     def __init__(self, address: str, max_message_bytes: int) -> None:
         self.address = address

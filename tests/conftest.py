@@ -1,11 +1,14 @@
-"""Fixtures shared by the whole suite: the tiny model and the test environment."""
+"""Fixtures shared by the whole suite: the tiny model, the test environment, and Redis."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.redis_server import RedisServer
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -19,3 +22,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from spotinfer.models.tiny import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="package")
+def redis_server() -> Iterator[RedisServer]:
+    """The real redis-server of a test package (tests/coordinator, tests/resume, ...): one
+    per package, because the package-scoped worker fixtures persist to it. Tests keep apart
+    by their request ids. A test that kills or restarts Redis takes `own_redis_server`."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def own_redis_server() -> Iterator[RedisServer]:
+    """A redis-server of this test alone, which it may kill and restart."""
+    with RedisServer() as server:
+        yield server

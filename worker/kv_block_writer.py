@@ -122,6 +122,7 @@ class KVBlockWriter:
         self._written = 0
         self._written_bytes = 0
         self._dropped = 0
+        self._rounds = 0
         self._unavailable = False
         # Owned by the writer thread: links to make once the record exists (request id ->
         # last refusal, block index -> hash), and flushes to try again (request id ->).
@@ -163,6 +164,18 @@ class KVBlockWriter:
     def dropped_blocks(self) -> int:
         with self._lock:
             return self._dropped
+
+    @property
+    def rounds(self) -> int:
+        """Write rounds sent to Redis so far (first tries and retries, whatever they met)."""
+        with self._lock:
+            return self._rounds
+
+    def wait_rounds(self, rounds: int, timeout_seconds: float) -> bool:
+        """Wait until ``rounds`` write rounds in all are over; False on timeout. What a round
+        was refused is known once it is over (a retry of it is a later round)."""
+        with self._settled:
+            return self._settled.wait_for(lambda: self._rounds >= rounds, timeout_seconds)
 
     def wait_settled(self, blocks: int, timeout_seconds: float) -> bool:
         """Wait until ``blocks`` blocks in all were written or dropped; False on timeout."""
@@ -251,9 +264,11 @@ class KVBlockWriter:
             marked = self._store.mark_paused_without_kv(marks) if marks else []
         except StoreUnavailable as exc:
             self._count_dropped(len(new_writes), f"Redis is unavailable ({exc})", outage=True)
+            self._count_round()
             return
         except StoreError as exc:
             self._count_dropped(len(new_writes), f"Redis refused the write ({exc})")
+            self._count_round()
             return
         self._settle_refusals(
             now,
@@ -269,6 +284,7 @@ class KVBlockWriter:
             self._written_bytes += sum(len(block.data) - self._header_bytes for _, block in encoded)
             recovered = self._unavailable
             self._unavailable = False
+            self._rounds += 1
             self._settled.notify_all()
         if recovered:
             log.warning("KV persistence resumed: Redis answers again")
@@ -349,6 +365,11 @@ class KVBlockWriter:
         for request_id, (since, _) in list(self._unlinked.items()):
             if now - since > UNLINKED_BLOCKS_KEEP_SECONDS and request_id not in self._refused:
                 del self._unlinked[request_id]
+
+    def _count_round(self) -> None:
+        with self._lock:
+            self._rounds += 1
+            self._settled.notify_all()
 
     def _count_dropped(self, count: int, why: str, outage: bool = False) -> None:
         with self._lock:

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,15 +88,22 @@ class StagingArea:
 
     ``budget_bytes``: the most all staged blocks may take. ``stale_seconds``: a request whose
     blocks nobody resumed or dropped in that long (its coordinator went away mid-handshake)
-    is dropped on the next stage.
+    is dropped on the next stage. ``clock`` returns monotonic seconds.
     """
 
-    def __init__(self, root: Path, budget_bytes: int, stale_seconds: float) -> None:
+    def __init__(
+        self,
+        root: Path,
+        budget_bytes: int,
+        stale_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if budget_bytes <= 0:
             raise ValueError("the staging budget must be positive")
         self.root = root
         self.budget_bytes = budget_bytes
         self._stale_seconds = stale_seconds
+        self._clock = clock
         self._lock = threading.Lock()
         self._blocks: dict[bytes, _Staged] = {}
         self._requests: dict[str, _RequestStage] = {}
@@ -205,10 +213,10 @@ class StagingArea:
         staged.request_ids.add(request_id)
         stage = self._requests.setdefault(request_id, _RequestStage())
         stage.hashes.append(prefix_hash)
-        stage.updated_monotonic = time.monotonic()
+        stage.updated_monotonic = self._clock()
 
     def _drop_stale(self) -> None:
-        cutoff = time.monotonic() - self._stale_seconds
+        cutoff = self._clock() - self._stale_seconds
         with self._lock:
             stale = [rid for rid, s in self._requests.items() if s.updated_monotonic < cutoff]
         for request_id in stale:

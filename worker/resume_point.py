@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from context_daemon.store import RedisStore, RequestRecord
 from context_daemon.store import RequestNotFound as StoreRequestNotFound
+from context_daemon.store import RequestRecord, RequestStore
 from spotinfer.requests import Sampling
 from worker.errors import CannotResume, RecordNotFound
 
@@ -68,7 +68,7 @@ class ResumePoint:
         return max(0, self.sampling.max_tokens - self.next_index)
 
 
-def read_resume_point(store: RedisStore, request_id: str, model_fingerprint: str) -> ResumePoint:
+def read_resume_point(store: RequestStore, request_id: str, model_fingerprint: str) -> ResumePoint:
     """Read record and tokens (blocking: call on a thread). Raises RecordNotFound, CannotResume,
     or the store's StoreUnavailable."""
     point = read_stored_point(store, request_id, model_fingerprint)
@@ -77,7 +77,7 @@ def read_resume_point(store: RedisStore, request_id: str, model_fingerprint: str
     return point
 
 
-def read_stored_point(store: RedisStore, request_id: str, model_fingerprint: str) -> ResumePoint:
+def read_stored_point(store: RequestStore, request_id: str, model_fingerprint: str) -> ResumePoint:
     """Like read_resume_point, but a request that already ended is returned, not refused."""
     try:
         record = store.get_request(request_id)

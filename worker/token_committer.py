@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from context_daemon.store import (
     ConflictReason,
     InvalidTransition,
-    RedisStore,
     RequestExists,
     RequestNotFound,
     RequestRecord,
     RequestStatus,
+    RequestStore,
     StoreError,
     StoreUnavailable,
     TokenCommit,
@@ -74,7 +74,7 @@ class TokenCommitter:
 
     def __init__(
         self,
-        store: RedisStore,
+        store: RequestStore,
         worker_id: str,
         retry_seconds: float,
         on_commit: Callable[[float], None] | None = None,

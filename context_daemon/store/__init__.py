@@ -2,7 +2,9 @@
 
 ``keys`` spells every key; ``block_codec`` names and encodes blocks; ``lua_scripts`` holds
 the atomic server-side steps; ``redis_link`` sends command batches and translates failures;
-``redis_store`` is the API the daemon uses, on Redis or Redis Cluster alike.
+``redis_store`` is the API the daemon uses, on Redis or Redis Cluster alike; ``protocol``
+names the record-and-token part the coordinator and the token committer call, which
+``memory_store`` also implements (in a dict, for unit tests).
 """
 
 from context_daemon.store.block_codec import (
@@ -24,6 +26,8 @@ from context_daemon.store.errors import (
     StoreError,
     StoreUnavailable,
 )
+from context_daemon.store.memory_store import MemoryStore
+from context_daemon.store.protocol import RequestStore
 from context_daemon.store.redis_store import CommitOutcome, RedisStore, TokenCommit
 from context_daemon.store.request_record import RequestRecord, RequestStatus
 from context_daemon.store.store_config import StoreConfig
@@ -39,12 +43,14 @@ __all__ = [
     "InvalidTransition",
     "KVBlock",
     "KVFormat",
+    "MemoryStore",
     "RedisStore",
     "RejectReason",
     "RequestExists",
     "RequestNotFound",
     "RequestRecord",
     "RequestStatus",
+    "RequestStore",
     "StoreConfig",
     "StoreError",
     "StoreUnavailable",

@@ -1,7 +1,8 @@
 """Real Redis for the context daemon tests: one standalone server and one 3-master cluster.
 
 The store fixtures are parametrized over both, so every store test runs unchanged on Redis
-Cluster. Both servers live for the whole session; tests keep apart by unique request ids.
+Cluster. The standalone server is the suite's `redis_server` (tests/conftest.py); both live
+as long as these tests run, and tests keep apart by unique request ids.
 """
 
 from __future__ import annotations
@@ -23,24 +24,18 @@ TEST_STORE_CONFIG = StoreConfig(
 )
 
 
-@pytest.fixture(scope="session")
-def redis_single() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def redis_cluster() -> Iterator[RedisCluster]:
     with RedisCluster() as cluster:
         yield cluster
 
 
-@pytest.fixture(scope="session", params=["single", "cluster"])
+@pytest.fixture(scope="package", params=["single", "cluster"])
 def redis_client(request: pytest.FixtureRequest) -> Iterator[redis.Redis | redis.RedisCluster]:
     """A bytes-returning client of the standalone server or of the cluster."""
     client: redis.Redis | redis.RedisCluster
     if request.param == "single":
-        server: RedisServer = request.getfixturevalue("redis_single")
+        server: RedisServer = request.getfixturevalue("redis_server")
         client = redis.Redis.from_url(server.url, socket_timeout=5)
     else:
         cluster: RedisCluster = request.getfixturevalue("redis_cluster")

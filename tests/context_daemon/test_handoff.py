@@ -28,7 +28,21 @@ class RecordingLink(WorkerLink):
         yield FlushReport("r1", True, 3, 1, True, 130, "w")
 
 
-def daemon(handoff_seconds: float, orchestrated: bool) -> tuple[ContextDaemon, RecordingLink]:
+class NoticeSeen(Subscribers):
+    """The subscribers, and an event set once the daemon has published a notice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = asyncio.Event()
+
+    def notice(self, notice: Notice) -> None:
+        super().notice(notice)
+        self.seen.set()
+
+
+def daemon(
+    handoff_seconds: float, orchestrated: bool, subscribers: Subscribers | None = None
+) -> tuple[ContextDaemon, RecordingLink]:
     config = DaemonConfig(
         notice_source="file",
         notice_file="/nonexistent/notice",
@@ -36,7 +50,7 @@ def daemon(handoff_seconds: float, orchestrated: bool) -> tuple[ContextDaemon, R
         handoff_seconds=handoff_seconds,
     )
     link = RecordingLink()
-    subscribers = Subscribers()
+    subscribers = subscribers or Subscribers()
     return (
         ContextDaemon(
             config,
@@ -62,9 +76,12 @@ async def test_without_an_orchestrating_subscriber_the_flush_is_immediate() -> N
 
 
 async def test_the_coordinators_flush_within_the_handoff_is_the_only_one() -> None:
-    subject, link = daemon(handoff_seconds=5.0, orchestrated=True)
+    subscribers = NoticeSeen()
+    subject, link = daemon(handoff_seconds=5.0, orchestrated=True, subscribers=subscribers)
     handling = asyncio.ensure_future(subject.handle_notice(notice(30)))
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(subscribers.seen.wait(), 2.0)
+    # From publishing the notice to waiting for the coordinator's Flush the daemon does not
+    # yield: it waits now, or it has already flushed on its own.
     assert not link.preempts, "the daemon waits for the coordinator"
     reports = [r async for r in subject.flush(time.time() + 29)]  # the coordinator's Flush
     await asyncio.wait_for(handling, 2.0)

@@ -27,24 +27,25 @@ def record(request_id: str) -> RequestRecord:
 
 
 @pytest.mark.timeout(60)
-def test_killed_redis_raises_store_unavailable_then_recovers_after_restart() -> None:
-    with RedisServer() as server:
-        store = RedisStore.from_url(server.url, config=FAST_FAIL)
-        store.create_request(record("r-1"))
-        store.commit("r-1", 0, [4])
-        server.kill()
-        assert not store.is_available()
-        with pytest.raises(StoreUnavailable):
-            store.commit_step([TokenCommit("r-1", 1, (5,))])
-        with pytest.raises(StoreUnavailable):
-            store.get_request("r-1")
-        server.restart()
-        # the restarted server is empty and has forgotten the Lua scripts: both must work
-        store.ping()
-        store.create_request(record("r-2"))
-        assert store.commit("r-2", 0, [9, 8]) == 2
-        assert store.committed_tokens("r-2") == [9, 8]
-        store.close()
+def test_killed_redis_raises_store_unavailable_then_recovers_after_restart(
+    own_redis_server: RedisServer,
+) -> None:
+    store = RedisStore.from_url(own_redis_server.url, config=FAST_FAIL)
+    store.create_request(record("r-1"))
+    store.commit("r-1", 0, [4])
+    own_redis_server.kill()
+    assert not store.is_available()
+    with pytest.raises(StoreUnavailable):
+        store.commit_step([TokenCommit("r-1", 1, (5,))])
+    with pytest.raises(StoreUnavailable):
+        store.get_request("r-1")
+    own_redis_server.restart()
+    # the restarted server is empty and has forgotten the Lua scripts: both must work
+    store.ping()
+    store.create_request(record("r-2"))
+    assert store.commit("r-2", 0, [9, 8]) == 2
+    assert store.committed_tokens("r-2") == [9, 8]
+    store.close()
 
 
 @pytest.mark.timeout(90)

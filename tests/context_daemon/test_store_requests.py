@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
 
 import pytest
 import redis
@@ -23,6 +21,7 @@ from context_daemon.store import (
     StoreConfig,
     TokenCommit,
 )
+from tests.support.wait import wait_until
 
 FINGERPRINT = "tiny-llama:sha256:0123abcd"
 
@@ -183,7 +182,7 @@ def test_abandoned_state_expires(redis_client: redis.Redis | redis.RedisCluster)
     short = RedisStore(redis_client, StoreConfig(request_ttl_seconds=1))
     request_id = make_and_create(short)
     short.commit(request_id, 0, [1, 2])
-    wait_until(lambda: short.keys_for_request(request_id) == [])
+    wait_until(lambda: short.keys_for_request(request_id) == [], "its keys expired", 5, 0.05)
     with pytest.raises(RequestNotFound):
         short.get_request(request_id)
 
@@ -298,11 +297,3 @@ def make_and_create(store: RedisStore) -> str:
     record = make_record()
     store.create_request(record)
     return record.request_id
-
-
-def wait_until(condition: Callable[[], bool], attempts: int = 100) -> None:
-    for _ in range(attempts):
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition never became true")

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2
 from spotinfer.local.worker_process import WorkerProcess
+from tests.support.wait import wait_until
 
 # float32: outputs are compared token for token (bf16 CPU kernels depend on the batch size).
 WORKER_FLAGS = ("--dtype", "float32", "--max-model-len", "1024", "--memory-gib", "0.25")
@@ -74,14 +75,12 @@ def health_of(process: CoordinatorProcess) -> int:
 
 def wait_for_health(process: CoordinatorProcess, status: int, timeout: float = 60.0) -> None:
     """Polls health until it reads ``status`` (a worker becomes ready within a heartbeat)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if health_of(process) == status:
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"coordinator health never became {status}:\n{process.output[-3000:]}")
+    wait_until(
+        lambda: health_of(process) == status,
+        lambda: f"coordinator health {status}; its output:\n{process.output[-3000:]}",
+        timeout,
+        0.1,
+    )
 
 
 def greedy(

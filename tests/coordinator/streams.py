@@ -7,8 +7,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,11 +117,3 @@ def offline_reference(
     )
     result: list[list[int]] = json.loads(out.read_text())
     return result
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT_SECONDS) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        time.sleep(0.01)

@@ -33,8 +33,9 @@ from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2
 from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, process_environment
 from tests.coordinator.conftest import greedy, start_coordinator
-from tests.coordinator.streams import offline_reference, wait_until
+from tests.coordinator.streams import offline_reference
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 
 STREAMS = 32
 RUNNING_SLOTS = 24  # the coordinator lets 24 run on the worker and queues the other 8
@@ -93,12 +94,6 @@ class StreamTrace:
             self.token_workers.append(response.worker_id)
         if response.finish_reason:
             self.finish_reason = response.finish_reason
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

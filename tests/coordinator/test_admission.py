@@ -8,7 +8,6 @@ import http.client
 import itertools
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2, inference_pb2
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy, start_coordinator
+from tests.support.wait import wait_until
 
 PROMPT_IDS = [5, 17, 42, 99]
 LONG = 900  # tokens: long enough to hold its slot while the test queues others
@@ -150,10 +150,11 @@ def test_cancelled_queued_request_leaves_the_queue(tight: CoordinatorProcess) ->
 
 
 def _wait_queue_depth(process: CoordinatorProcess, depth: int) -> None:
-    deadline = time.monotonic() + TIMEOUT_SECONDS
-    while _queue_depth(process, common_pb2.SLA_CLASS_INTERACTIVE) != depth:
-        assert time.monotonic() < deadline, f"the queue never held {depth}"
-        time.sleep(0.02)
+    wait_until(
+        lambda: _queue_depth(process, common_pb2.SLA_CLASS_INTERACTIVE) == depth,
+        f"the queue holding {depth}",
+        TIMEOUT_SECONDS,
+    )
 
 
 def _attach_all(process: CoordinatorProcess, request_id: str) -> list[common_pb2.GenerateResponse]:

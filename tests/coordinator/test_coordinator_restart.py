@@ -27,8 +27,9 @@ from spotinfer.client import Client, ClientConfig
 from spotinfer.local.worker_process import WorkerProcess
 from spotinfer.requests import EventKind, FinishReason, Sampling, TokenChunk
 from tests.coordinator.conftest import assemble, greedy, health_of
-from tests.coordinator.streams import STREAM_TIMEOUT_SECONDS, wait_until
+from tests.coordinator.streams import STREAM_TIMEOUT_SECONDS, WAIT_SECONDS
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 
 STREAMS = 4
 MAX_TOKENS = 900  # long enough that no stream ends before the kill
@@ -54,12 +55,6 @@ class ClientStream:
             if chunk.token_ids:
                 assert chunk.index == expected, f"{self.request_id}: index {chunk.index}"
                 expected += len(chunk.token_ids)
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +175,7 @@ def _run_with_kill(
             or any(s.error or (s.chunks and s.chunks[-1].finished) for s in streams)
         ),
         f"every stream past {KILL_AFTER_TOKENS} tokens",
+        timeout=WAIT_SECONDS,
     )
     _kill(first)
     cut = [len(s.token_ids) for s in streams]
@@ -270,7 +266,9 @@ def test_a_request_still_queued_when_its_coordinator_died_is_submitted_again(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        wait_until(lambda: _queued(first) == 1, "the request queued behind the holder")
+        wait_until(
+            lambda: _queued(first) == 1, "the request queued behind the holder", WAIT_SECONDS
+        )
         _kill(first)
         holder.cancel()
         restarted.append(

@@ -29,12 +29,6 @@ PROMPTS = [[5, 17, 42, 99], [7, 8, 9], [100, 200, 300, 44, 55], [61, 62]]
 
 
 @pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def persisting_workers(
     tiny_model: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[WorkerProcess]]:

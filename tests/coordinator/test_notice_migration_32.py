@@ -21,16 +21,17 @@ from protos.spotinfer.v1 import common_pb2, control_pb2, daemon_pb2
 from tests.context_daemon.metadata_servers import AwsImds
 from tests.coordinator.conftest import start_coordinator
 from tests.coordinator.streams import (
+    WAIT_SECONDS,
     StreamTrace,
     join_all,
     offline_reference,
     read_streams,
-    wait_until,
 )
 from tests.notice.conftest import Node, start_node
 from tests.notice.events import iso_utc
 from tests.resume.conftest import BLOCK_TOKENS, MAX_MODEL_LEN
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 
 STREAMS = 32
 PROMPT_TOKENS = 40
@@ -49,12 +50,6 @@ def _prompts(count: int, salt: int) -> list[list[int]]:
     return [
         [10 + (7 * i + 13 * j + salt) % 480 for j in range(PROMPT_TOKENS)] for i in range(count)
     ]
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +119,7 @@ def _run_and_notice(
             or any(t.finish_reason or t.error for t in traces)
         ),
         f"every stream past {NOTICE_AFTER_TOKENS} tokens",
+        timeout=WAIT_SECONDS,
     )
     notice()
     served_at_notice = [len(t.token_ids) for t in traces]

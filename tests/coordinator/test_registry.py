@@ -3,7 +3,6 @@ request until promoted; a worker that stops answering is LOST."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tests.coordinator.conftest import (
     start_coordinator,
     wait_for_health,
 )
+from tests.support.wait import wait_until
 
 PROMPT_IDS = [5, 17, 42, 99]
 
@@ -39,13 +39,15 @@ def _workers(process: CoordinatorProcess) -> list[control_pb2.WorkerInfo]:
 
 
 def _wait_state(process: CoordinatorProcess, address: str, state: int) -> control_pb2.WorkerInfo:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for info in _workers(process):
-            if info.address == address and info.state == state:
-                return info
-        time.sleep(0.1)
-    raise TimeoutError(f"{address} never reached state {state}: {_workers(process)}")
+    def reached() -> control_pb2.WorkerInfo | None:
+        return next(
+            (i for i in _workers(process) if i.address == address and i.state == state), None
+        )
+
+    wait_until(reached, lambda: f"{address} in state {state}: {_workers(process)}", 30, 0.1)
+    info = reached()
+    assert info is not None
+    return info
 
 
 def test_health_follows_registration(

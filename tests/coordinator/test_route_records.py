@@ -4,8 +4,8 @@ request's record expire after a short retention."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 import redis
@@ -15,12 +15,7 @@ from coordinator.local_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy, start_coordinator
 from tests.support.redis_server import RedisServer
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
+from tests.support.wait import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +53,14 @@ def test_finished_request_is_recorded(
         recording.inference.Generate(greedy([5, 17, 42], 9, "recorded"), timeout=TIMEOUT_SECONDS)
     )
     assert len(assemble(responses)) == 9
-    deadline = time.monotonic() + 10
+    # Records are written behind the stream.
+    wait_until(
+        lambda: _record(redis_server, "recorded").get("status") == "finished",
+        "the record finished",
+        10,
+        0.1,
+    )
     record = _record(redis_server, "recorded")
-    while record.get("status") != "finished" and time.monotonic() < deadline:
-        time.sleep(0.1)  # records are written behind the stream
-        record = _record(redis_server, "recorded")
-    assert record["status"] == "finished"
     assert record["finish_reason"] == "LENGTH"
     assert record["delivered_length"] == "9"
     assert record["owner_worker_id"] == "w1"
@@ -114,13 +111,10 @@ def test_nothing_of_a_finished_request_stays_in_redis(
         )
         assert len(assemble(responses)) == 6
         # The record is written (behind the stream) and is there for about the retention.
-        deadline = time.monotonic() + 10
-        while not _record(redis_server, request_id):
-            assert time.monotonic() < deadline, f"no record of {request_id} was written"
-            time.sleep(0.02)
-    deadline = time.monotonic() + 30
-    while _keys_of(redis_server, request_ids):
-        assert time.monotonic() < deadline, (
-            f"keys left in Redis after the retention: {_keys_of(redis_server, request_ids)}"
-        )
-        time.sleep(0.1)
+        wait_until(partial(_record, redis_server, request_id), f"a record of {request_id}", 10)
+    wait_until(
+        lambda: not _keys_of(redis_server, request_ids),
+        "no key left in Redis after the retention",
+        30,
+        0.1,
+    )

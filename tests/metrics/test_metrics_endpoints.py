@@ -20,7 +20,7 @@ from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import assemble, greedy, start_coordinator
 from tests.metrics.scrape import Scrape, scrape
-from tests.support.redis_server import RedisServer, skip_without_redis
+from tests.support.redis_server import RedisServer
 
 PROMPT_IDS = [7, 11, 13, 17, 19, 23, 29, 31] * 5  # 40 tokens
 MAX_TOKENS = 600  # prompt + output spans 5 KV blocks of 128 tokens: blocks get persisted
@@ -42,18 +42,18 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    skip_without_redis()
+def cluster(
+    tiny_model: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
     log_dir = tmp_path_factory.mktemp("metrics-logs")
     notice_file = log_dir / "notice.json"
     with ExitStack() as stack:
-        redis = stack.enter_context(RedisServer())
         worker = stack.enter_context(
             WorkerProcess(
                 tiny_model,
                 *WORKER_FLAGS,
                 "--redis-url",
-                redis.url,
+                redis_server.url,
                 "--worker-id",
                 "metrics-w0",
                 log_dir=log_dir,
@@ -73,7 +73,7 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 "--worker-address",
                 worker.address,
                 "--redis-url",
-                redis.url,
+                redis_server.url,
                 log_dir=log_dir,
                 metrics=True,
             )

@@ -45,12 +45,6 @@ class Node:
     metadata: MetadataServer
 
 
-@pytest.fixture(scope="package")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 @pytest.fixture
 def store(redis_server: RedisServer) -> Iterator[RedisStore]:
     store = RedisStore.from_url(redis_server.url)

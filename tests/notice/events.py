@@ -9,7 +9,7 @@ import grpc
 
 from protos.spotinfer.v1 import daemon_pb2
 from spotinfer.local.daemon_process import DaemonProcess
-from tests.resume.streams import wait_until
+from tests.support.wait import wait_until
 
 
 def iso_utc(unix_seconds: float) -> str:

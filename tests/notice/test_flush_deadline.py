@@ -10,8 +10,9 @@ from context_daemon.store import RedisStore, RequestStatus
 from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
 from tests.notice.conftest import worker_flags
-from tests.resume.streams import STREAM_TIMEOUT_SECONDS, StreamReader, greedy_request, wait_until
+from tests.resume.streams import STREAM_TIMEOUT_SECONDS, StreamReader, greedy_request
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 
 
 def test_flush_past_its_deadline_reports_requests_not_complete_and_idle_returns_at_once(

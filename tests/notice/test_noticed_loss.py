@@ -30,9 +30,9 @@ from tests.resume.streams import (
     generate,
     greedy_request,
     resume_stream,
-    wait_until,
 )
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 
 # The tiny model decodes a few hundred tokens a second here: the notice comes after
 # TOKENS_BEFORE_NOTICE and must be acted on before the rest of MAX_TOKENS is generated.

@@ -20,9 +20,9 @@ from tests.resume.streams import (
     generate,
     greedy_request,
     resume_stream,
-    wait_until,
 )
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 
 PROMPT = [5 + (11 * j) % 490 for j in range(150)]  # a full block and a partial one
 MAX_TOKENS = 800

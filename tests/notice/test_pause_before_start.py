@@ -18,9 +18,9 @@ from tests.resume.streams import (
     generate,
     greedy_request,
     resume_stream,
-    wait_until,
 )
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 
 RUNNING_PROMPT = list(range(300, 340))
 WAITING_PROMPT = [10 + (7 * j) % 480 for j in range(62)]  # 61 tokens of KV once prefilled

@@ -31,12 +31,6 @@ def worker_flags(redis_url: str) -> tuple[str, ...]:
     )
 
 
-@pytest.fixture(scope="package")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 @pytest.fixture
 def store(redis_server: RedisServer) -> Iterator[RedisStore]:
     store = RedisStore.from_url(redis_server.url)

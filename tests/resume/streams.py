@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import grpc
 
@@ -12,7 +11,6 @@ from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
 
 STREAM_TIMEOUT_SECONDS = 300.0
-POLL_SECONDS = 0.02
 
 
 def greedy_request(
@@ -103,12 +101,3 @@ class StreamReader:
     @property
     def done(self) -> bool:
         return not self._thread.is_alive()
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    """Poll ``condition`` until it holds; fail the test with ``what`` if it never does."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        time.sleep(POLL_SECONDS)

@@ -32,9 +32,9 @@ from tests.resume.streams import (
     generate,
     greedy_request,
     resume_stream,
-    wait_until,
 )
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 from worker.model_fingerprint import model_fingerprint
 
 MAX_TOKENS = 900  # with a 50-token prompt: 7 full blocks by the end

@@ -35,10 +35,10 @@ from tests.resume.streams import (
     generate,
     greedy_request,
     recovery_event,
-    wait_until,
 )
 from tests.resume.test_abrupt_loss import persisted_blocks
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 from worker.model_fingerprint import model_fingerprint
 
 MAX_TOKENS = 700

@@ -3,10 +3,7 @@ visible in Stats), its outputs are unchanged, and persistence resumes by itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from context_daemon.store import RedisStore, RequestNotFound
 from protos.spotinfer.v1 import common_pb2, worker_pb2
@@ -17,10 +14,10 @@ from tests.resume.streams import (
     StreamReader,
     generate,
     greedy_request,
-    wait_until,
 )
 from tests.resume.test_abrupt_loss import persisted_blocks
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 from worker.model_fingerprint import model_fingerprint
 
 MAX_TOKENS = 900
@@ -37,21 +34,14 @@ def degraded(worker: WorkerProcess) -> bool:
     return bool(worker.stub.Stats(worker_pb2.StatsRequest(), timeout=10).degraded)
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
 def test_worker_survives_a_redis_outage_and_persistence_resumes(
-    tiny_model: Path, own_redis: RedisServer, tmp_path: Path
+    tiny_model: Path, own_redis_server: RedisServer, tmp_path: Path
 ) -> None:
     fingerprint = model_fingerprint(str(tiny_model), "float32")
     prompts = {"outage-1": list(range(100, 140)), "outage-2": list(range(150, 190))}
-    store = RedisStore.from_url(own_redis.url)
+    store = RedisStore.from_url(own_redis_server.url)
     with WorkerProcess(
-        tiny_model, *worker_flags(own_redis.url), "--worker-id", "worker-c", log_dir=tmp_path
+        tiny_model, *worker_flags(own_redis_server.url), "--worker-id", "worker-c", log_dir=tmp_path
     ) as worker:
         readers = {
             request_id: StreamReader(
@@ -67,10 +57,10 @@ def test_worker_survives_a_redis_outage_and_persistence_resumes(
         )
         assert not degraded(worker)
 
-        own_redis.kill()
+        own_redis_server.kill()
         assert not any(reader.done for reader in readers.values()), "killed too late"
         wait_until(lambda: degraded(worker), "Stats.degraded while Redis is down")
-        own_redis.restart()
+        own_redis_server.restart()
 
         for request_id, reader in readers.items():
             reader.join()

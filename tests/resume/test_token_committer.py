@@ -4,8 +4,7 @@ ownership moves on resume, and a Redis that vanished and came back empty is refi
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,6 +16,7 @@ from context_daemon.store import (
     StoreConfig,
 )
 from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until_async
 from worker.token_committer import TokenCommitter
 
 RETRY_SECONDS = 0.1
@@ -35,14 +35,6 @@ def record(request_id: str, owner: str = "worker-x") -> RequestRecord:
     )
 
 
-async def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not await asyncio.to_thread(condition):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.02)
-
-
 def committed(store: RedisStore, request_id: str) -> list[int] | None:
     try:
         return store.committed_tokens(request_id)
@@ -51,16 +43,9 @@ def committed(store: RedisStore, request_id: str) -> list[int] | None:
 
 
 @pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+def store(own_redis_server: RedisServer) -> Iterator[RedisStore]:
     # Finished requests stay readable, so the tests can look at them.
-    store = RedisStore.from_url(redis_server.url, config=StoreConfig(retention_seconds=600))
+    store = RedisStore.from_url(own_redis_server.url, config=StoreConfig(retention_seconds=600))
     yield store
     store.close()
 
@@ -96,28 +81,34 @@ async def test_resumed_request_moves_to_the_new_owner(store: RedisStore) -> None
     committer.start()
     committer.admit(store.get_request("moved"), [7, 8, 9])
     committer.add("moved", [10, 11])
-    await wait_for(lambda: committed(store, "moved") == [7, 8, 9, 10, 11], "tokens after resume")
+    await wait_until_async(
+        lambda: committed(store, "moved") == [7, 8, 9, 10, 11], "tokens after resume", WAIT_SECONDS
+    )
     assert store.get_request("moved").owner_worker_id == "worker-b"
     await committer.close(WAIT_SECONDS)
 
 
 async def test_redis_back_empty_gets_record_and_every_token_again(
-    redis_server: RedisServer, store: RedisStore
+    own_redis_server: RedisServer, store: RedisStore
 ) -> None:
     committer = TokenCommitter(store, "worker-x", RETRY_SECONDS)
     committer.start()
     committer.admit(record("outage"))
     committer.add("outage", [1, 2, 3])
-    await wait_for(lambda: committed(store, "outage") == [1, 2, 3], "first commit")
+    await wait_until_async(
+        lambda: committed(store, "outage") == [1, 2, 3], "first commit", WAIT_SECONDS
+    )
 
-    await asyncio.to_thread(redis_server.kill)
+    await asyncio.to_thread(own_redis_server.kill)
     committer.add("outage", [4, 5])
-    await wait_for(lambda: committer.degraded, "degraded while Redis is down")
+    await wait_until_async(lambda: committer.degraded, "degraded while Redis is down", WAIT_SECONDS)
     committer.add("outage", [6])
-    await asyncio.to_thread(redis_server.restart)
+    await asyncio.to_thread(own_redis_server.restart)
 
-    await wait_for(lambda: not committer.degraded, "recovery")
-    await wait_for(lambda: committed(store, "outage") == [1, 2, 3, 4, 5, 6], "every token again")
+    await wait_until_async(lambda: not committer.degraded, "recovery", WAIT_SECONDS)
+    await wait_until_async(
+        lambda: committed(store, "outage") == [1, 2, 3, 4, 5, 6], "every token again", WAIT_SECONDS
+    )
     assert store.get_request("outage").owner_worker_id == "worker-x"
     committer.finish("outage", RequestStatus.FINISHED)
     await committer.close(WAIT_SECONDS)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from context_daemon.store import RedisStore, RequestRecord, RequestStatus
-from tests.support.redis_server import RedisServer, skip_without_redis
+from tests.support.redis_server import RedisServer
 from worker.flush_state import read_flush_state
 
 FINGERPRINT = "tiny-llama:fp32:flush"
@@ -19,12 +19,10 @@ MAX_TOKENS = 4
 
 
 @pytest.fixture(scope="module")
-def store() -> Iterator[RedisStore]:
-    skip_without_redis()
-    with RedisServer() as server:
-        store = RedisStore.from_url(server.url)
-        yield store
-        store.close()
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    store = RedisStore.from_url(redis_server.url)
+    yield store
+    store.close()
 
 
 def _paused(store: RedisStore, request_id: str, tokens: tuple[int, ...]) -> None:

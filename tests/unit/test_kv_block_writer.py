@@ -4,8 +4,7 @@ record is there."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,7 +19,8 @@ from context_daemon.store import (
     tail_hash,
 )
 from context_daemon.store.block_codec import header_bytes
-from tests.support.redis_server import RedisServer, skip_without_redis
+from tests.support.redis_server import RedisServer
+from tests.support.wait import wait_until
 from worker.flush_state import read_flush_state
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
 
@@ -37,12 +37,10 @@ OUTPUTS = (7, 8, 9)  # context 40: KV for 39 tokens = 2 full blocks and a 7-toke
 
 
 @pytest.fixture(scope="module")
-def store() -> Iterator[RedisStore]:
-    skip_without_redis()
-    with RedisServer() as server:
-        store = RedisStore.from_url(server.url)
-        yield store
-        store.close()
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    store = RedisStore.from_url(redis_server.url)
+    yield store
+    store.close()
 
 
 @pytest.fixture
@@ -69,13 +67,6 @@ def _record(request_id: str) -> RequestRecord:
     )
 
 
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
-        time.sleep(0.02)
-
-
 def test_a_flush_written_before_its_record_exists_lands_once_it_does(
     store: RedisStore, writer: KVBlockWriter
 ) -> None:
@@ -90,7 +81,8 @@ def test_a_flush_written_before_its_record_exists_lands_once_it_does(
     writer.submit_tokens(TokenCommit(request_id, 0, OUTPUTS))
     writer.submit(_block(request_id, 2, tail, num_tokens=7), required=True)
     assert writer.wait_settled(3, 10.0)
-    time.sleep(0.2)
+    # Its refused writes were tried again at least once before the record came.
+    assert writer.wait_rounds(writer.rounds + 1, 10.0)
 
     store.create_request(_record(request_id))  # the token committer, late
     store.update_status(request_id, RequestStatus.PAUSED)
@@ -101,7 +93,7 @@ def test_a_flush_written_before_its_record_exists_lands_once_it_does(
         )
         return state.complete
 
-    _wait(complete, "the flush complete in the store")
+    wait_until(complete, "the flush complete in the store", 10)
     record = store.get_request(request_id)
     assert record.persisted_block_hashes == tuple(full)
     assert store.committed_tokens(request_id) == list(OUTPUTS)
@@ -111,18 +103,21 @@ def test_a_pause_without_kv_is_marked_once_the_record_exists(
     store: RedisStore, writer: KVBlockWriter
 ) -> None:
     request_id = "writer-late-mark"
+    rounds = writer.rounds
     writer.submit_no_kv(request_id)
-    time.sleep(0.2)
+    assert writer.wait_rounds(rounds + 1, 10.0), "the mark was tried (and refused)"
     store.create_request(_record(request_id))
     store.update_status(request_id, RequestStatus.PAUSED)
-    _wait(lambda: store.get_request(request_id).paused_without_kv, "the record marked")
+    wait_until(lambda: store.get_request(request_id).paused_without_kv, "the record marked", 10)
 
 
 def test_writes_of_an_ended_request_stay_refused(store: RedisStore, writer: KVBlockWriter) -> None:
     request_id = "writer-ended"
     store.create_request(_record(request_id))
     store.finish_request(request_id, RequestStatus.CANCELLED)  # no retention: deleted
+    rounds = writer.rounds
     writer.submit_tokens(TokenCommit(request_id, 0, OUTPUTS))
     writer.submit_no_kv(request_id)
-    time.sleep(0.3)
+    # Their first round and a retry are over: both were refused.
+    assert writer.wait_rounds(rounds + 2, 10.0)
     assert store.keys_for_request(request_id) == []

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.clock import ManualClock
 from worker.kv_staging import StagingArea, StagingFull, read_staged, staged_path
 
 BLOCK = b"x" * 1000
@@ -56,11 +56,15 @@ def test_stale_requests_are_dropped_and_leftovers_cleared(tmp_path: Path) -> Non
     root = tmp_path / "s"
     root.mkdir()
     (root / "leftover.blk").write_bytes(b"old")
-    area = StagingArea(root, budget_bytes=10_000, stale_seconds=0.05)
+    clock = ManualClock()
+    area = StagingArea(root, budget_bytes=10_000, stale_seconds=60, clock=clock)
     assert not (root / "leftover.blk").exists()
     area.stage("abandoned", b"\x01" * 32, BLOCK)
-    time.sleep(0.1)
+    clock.advance(60)
     area.stage("fresh", b"\x02" * 32, BLOCK)
+    assert area.blocks_of("abandoned") == 1, "not stale yet"
+    clock.advance(0.001)
+    area.stage("fresher", b"\x03" * 32, BLOCK)
     assert area.blocks_of("abandoned") == 0 and area.blocks_of("fresh") == 1
     area.close()
     assert not root.exists()
