@@ -19,10 +19,10 @@ from context_daemon.constants import DAEMON_STOP_GRACE_SECONDS
 from context_daemon.daemon import ContextDaemon, DaemonEvent, Hooks, Subscribers
 from context_daemon.metrics import DaemonMetrics
 from context_daemon.notices import Notice
-from context_daemon.store import RedisStore
 from context_daemon.worker_link import report_to_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
 from spotinfer.rpc import add_health_and_reflection, server_options, set_serving
+from store import RedisStore
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from context_daemon.store import RedisStore, StoreUnavailable
 from coordinator.admission import Admission, Lease
 from coordinator.errors import NothingPersisted, RequestLost
 from coordinator.migration import Migrations
 from spotinfer.requests import Event, EventKind, GenerationRequest, TokenChunk
+from store import RedisStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

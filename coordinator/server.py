@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 
-from context_daemon.store import RedisStore
 from coordinator.admission import Admission, AdmissionLimits
 from coordinator.adoption import Adoption
 from coordinator.config import CoordinatorConfig, check_address, split_worker_flag
@@ -51,6 +50,7 @@ from protos.spotinfer.v1 import (
 from spotinfer.requests import SlaClass
 from spotinfer.rpc import abort_with, add_health_and_reflection, server_options, set_serving
 from spotinfer.validation import InvalidRequest
+from store import RedisStore
 
 log = logging.getLogger(__name__)
 

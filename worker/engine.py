@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from context_daemon.store import RedisStore, RequestRecord, RequestStatus, StoreUnavailable
 from spotinfer.requests import (
     Event,
     EventKind,
@@ -47,6 +46,7 @@ from spotinfer.requests import (
     TokenChunk,
 )
 from spotinfer.validation import Limits, check_prompt_tokens, check_sampling
+from store import RedisStore, RequestRecord, RequestStatus, StoreUnavailable
 from worker.boundary_abort import abort_at_step_boundary
 from worker.config import WorkerConfig, engine_environment
 from worker.constants import (

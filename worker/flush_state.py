@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from context_daemon.store import RedisStore, RequestStatus, block_hashes, tail_hash
-from context_daemon.store.redis_store import RequestView
+from store import RedisStore, RequestStatus, block_hashes, tail_hash
+from store.redis_store import RequestView
 
 
 @dataclass(frozen=True)

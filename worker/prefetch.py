@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from context_daemon.store import RedisStore, block_hashes
+from store import RedisStore, block_hashes
 from worker.kv_staging import StagingArea
 from worker.resume_point import read_stored_point
 

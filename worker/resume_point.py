@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from context_daemon.store import RedisStore, RequestRecord
-from context_daemon.store import RequestNotFound as StoreRequestNotFound
 from spotinfer.requests import Sampling
+from store import RedisStore, RequestRecord
+from store import RequestNotFound as StoreRequestNotFound
 from worker.errors import CannotResume, RecordNotFound
 
 

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from context_daemon.store import RedisStore, StoreUnavailable
 from protos.convert import chunk_to_proto, sampling_from_proto, sla_from_proto
 from protos.spotinfer.v1 import common_pb2, daemon_pb2, worker_pb2, worker_pb2_grpc
 from spotinfer.requests import GenerationRequest
 from spotinfer.rpc import abort_with, add_health_and_reflection, server_options, set_serving
 from spotinfer.validation import check_prompt_choice, check_request_id
+from store import RedisStore, StoreUnavailable
 from worker.config import WorkerConfig
 from worker.constants import SERVER_STOP_GRACE_SECONDS
 from worker.engine import Engine

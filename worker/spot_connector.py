@@ -57,7 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from context_daemon.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
-from context_daemon.store import (
+from store import (
     BlockRejected,
     KVBlock,
     KVFormat,
@@ -69,8 +69,8 @@ from context_daemon.store import (
     block_reads,
     tail_hash,
 )
-from context_daemon.store.block_codec import Buffer, decode_block, header_bytes
-from context_daemon.store.block_refs import BlockRead
+from store.block_codec import Buffer, decode_block, header_bytes
+from store.block_refs import BlockRead
 from worker.constants import (
     FLUSH_ASSUMED_BYTES_PER_SECOND,
     FLUSH_ASSUMED_ROUND_TRIP_SECONDS,

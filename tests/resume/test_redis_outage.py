@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from context_daemon.store import RedisStore, RequestNotFound
 from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore, RequestNotFound
 from tests.resume.conftest import BLOCK_TOKENS, worker_flags
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,

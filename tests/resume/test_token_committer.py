@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from context_daemon.store import (
+from store import (
     RedisStore,
     RequestNotFound,
     RequestRecord,

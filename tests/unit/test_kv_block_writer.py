@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from context_daemon.store import (
+from store import (
     KVFormat,
     RedisStore,
     RequestRecord,
@@ -19,7 +19,7 @@ from context_daemon.store import (
     block_hashes,
     tail_hash,
 )
-from context_daemon.store.block_codec import header_bytes
+from store.block_codec import header_bytes
 from tests.support.redis_server import RedisServer, skip_without_redis
 from worker.flush_state import read_flush_state
 from worker.kv_block_writer import KVBlockWriter, PendingBlock

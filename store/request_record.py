@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from context_daemon.store.block_codec import pack_token_ids, unpack_token_ids
-from context_daemon.store.keys import validate_request_id
+from store.block_codec import pack_token_ids, unpack_token_ids
+from store.keys import validate_request_id
 
 
 class RequestStatus(enum.Enum):

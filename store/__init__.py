@@ -5,15 +5,15 @@ the atomic server-side steps; ``redis_link`` sends command batches and translate
 ``redis_store`` is the API the daemon uses, on Redis or Redis Cluster alike.
 """
 
-from context_daemon.store.block_codec import (
+from store.block_codec import (
     BlockSummary,
     KVBlock,
     KVFormat,
     block_hashes,
     tail_hash,
 )
-from context_daemon.store.block_refs import BlockRead, BlockWrite, block_reads
-from context_daemon.store.errors import (
+from store.block_refs import BlockRead, BlockWrite, block_reads
+from store.errors import (
     BlockRejected,
     CommitConflict,
     ConflictReason,
@@ -24,9 +24,9 @@ from context_daemon.store.errors import (
     StoreError,
     StoreUnavailable,
 )
-from context_daemon.store.redis_store import CommitOutcome, RedisStore, TokenCommit
-from context_daemon.store.request_record import RequestRecord, RequestStatus
-from context_daemon.store.store_config import StoreConfig
+from store.redis_store import CommitOutcome, RedisStore, TokenCommit
+from store.request_record import RequestRecord, RequestStatus
+from store.store_config import StoreConfig
 
 __all__ = [
     "BlockRead",
