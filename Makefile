@@ -60,7 +60,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy protos store coordinator worker context_daemon spotinfer
+	$(BIN)/mypy common protos store coordinator worker context_daemon spotinfer
 
 protos: setup
 	$(BIN)/python -m spotinfer.protogen

@@ -23,11 +23,6 @@ AWS_METADATA_BASE_URL = "http://169.254.169.254"
 GCP_METADATA_BASE_URL = "http://metadata.google.internal"
 AZURE_METADATA_BASE_URL = "http://169.254.169.254"
 
-# --- flush planner ----------------------------------------------------------------------------
-# Bytes a committed token costs on the wire besides its id (command framing, key, script args),
-# amortised: tokens are tiny next to KV, which is why they always go first.
-TOKEN_WIRE_BYTES = 16
-
 # --- the daemon process -----------------------------------------------------------------------
 # The port infra's security groups open for the daemon.
 DEFAULT_DAEMON_PORT = 50071

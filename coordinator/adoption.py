@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from common.requests import GenerationRequest, SlaClass, TokenChunk
 from coordinator.constants import (
     ADOPT_PAUSE_WAIT_SECONDS,
     ADOPT_POLL_SECONDS,
@@ -31,10 +32,9 @@ from coordinator.errors import UnknownRequest
 from coordinator.route_records import FINISHED_STATUS, RouteRecord, RouteRecords
 from protos.convert import chunk_from_proto
 from protos.spotinfer.v1 import inference_pb2, inference_pb2_grpc
-from spotinfer.requests import GenerationRequest, SlaClass, TokenChunk
 from store import RedisStore, RequestRecord, RequestStatus
 from store import RequestNotFound as StoreRequestNotFound
-from worker.resume_point import sampling_from_record
+from store.request_record import sampling_from_record
 
 log = logging.getLogger(__name__)
 

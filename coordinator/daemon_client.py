@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from context_daemon.worker_link import FlushReport, report_from_proto
+from common.messages import FlushReport
+from protos.convert import flush_report_from_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
 
 # Actions of a NoticeEvent that end the VM (a rebalance is a hint: nothing moves yet).
@@ -63,7 +64,7 @@ class DaemonClient:
                     source=msg.source,
                     action=msg.action,
                     deadline_unix=msg.deadline_unix,
-                    flush=report_from_proto(msg.flush) if msg.HasField("flush") else None,
+                    flush=flush_report_from_proto(msg.flush) if msg.HasField("flush") else None,
                 )
         finally:
             call.cancel()
@@ -78,6 +79,6 @@ class DaemonClient:
         )
         try:
             async for msg in call:
-                yield report_from_proto(msg)
+                yield flush_report_from_proto(msg)
         finally:
             call.cancel()

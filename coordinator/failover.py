@@ -28,10 +28,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from common.requests import Event, EventKind, GenerationRequest, TokenChunk
 from coordinator.admission import Admission, Lease
 from coordinator.errors import NothingPersisted, RequestLost
 from coordinator.migration import Migrations
-from spotinfer.requests import Event, EventKind, GenerationRequest, TokenChunk
 from store import RedisStore, StoreUnavailable
 
 log = logging.getLogger(__name__)

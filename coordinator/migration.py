@@ -43,7 +43,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from context_daemon.worker_link import FlushReport
+from common.messages import FlushReport
+from common.requests import GenerationRequest
 from coordinator.admission import Admission, Lease
 from coordinator.constants import (
     DAEMON_RESUBSCRIBE_SECONDS,
@@ -61,7 +62,6 @@ from coordinator.constants import (
 from coordinator.daemon_client import DaemonClient, DaemonEvent
 from coordinator.registry import Registry, WorkerEntry, WorkerState
 from coordinator.worker_client import PrefetchRefused
-from spotinfer.requests import GenerationRequest
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from common.requests import GenerationRequest, SlaClass
 from coordinator.errors import UnknownWorker
 from coordinator.worker_client import WorkerCapacity, WorkerClient
-from spotinfer.requests import GenerationRequest, SlaClass
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import grpc
 
+from common.errors import InvalidRequest
+from common.requests import GenerationRequest, TokenChunk
 from coordinator.constants import ABORT_TIMEOUT_SECONDS, STATS_TIMEOUT_SECONDS
 from coordinator.errors import NothingPersisted, WorkerStreamBroken
-from protos.convert import chunk_from_proto, sampling_to_proto
+from protos.convert import chunk_from_proto, request_to_proto
 from protos.spotinfer.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from spotinfer.requests import GenerationRequest, SlaClass, TokenChunk
-from spotinfer.validation import InvalidRequest
 
 
 @dataclass(frozen=True)
@@ -92,17 +92,7 @@ class WorkerClient:
         )
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
-        msg = common_pb2.GenerateRequest(
-            request_id=request.request_id,
-            prompt_token_ids=list(request.prompt_token_ids),
-            sampling=sampling_to_proto(request.sampling),
-            sla_class=(
-                common_pb2.SLA_CLASS_BATCH
-                if request.sla_class == SlaClass.BATCH
-                else common_pb2.SLA_CLASS_INTERACTIVE
-            ),
-        )
-        return self._follow(self._stub.Generate(msg))
+        return self._follow(self._stub.Generate(request_to_proto(request)))
 
     def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
         """Worker.Resume: the rest of a request from its persisted state, from ``from_index``.

@@ -1,13 +1,23 @@
-"""Conversions between `spotinfer.v1` messages and the dataclasses of `spotinfer.requests`.
+"""Conversions between `spotinfer.v1` messages and the dataclasses of `common` (the only
+place they are written).
 
-Only the `server.py` of each process (and the clients) call these: inside, code never sees a
-proto message.
+Only the edges of each process (its `server.py`, and the clients of other processes) call
+these: inside, code never sees a proto message.
 """
 
 from __future__ import annotations
 
-from protos.spotinfer.v1 import common_pb2
-from spotinfer.requests import Event, EventKind, FinishReason, Sampling, SlaClass, TokenChunk
+from common.messages import FlushReport
+from common.requests import (
+    Event,
+    EventKind,
+    FinishReason,
+    GenerationRequest,
+    Sampling,
+    SlaClass,
+    TokenChunk,
+)
+from protos.spotinfer.v1 import common_pb2, daemon_pb2
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> Sampling:
@@ -39,6 +49,20 @@ def sampling_to_proto(sampling: Sampling) -> common_pb2.SamplingParams:
 
 def sla_from_proto(value: int) -> SlaClass:
     return SlaClass.BATCH if value == common_pb2.SLA_CLASS_BATCH else SlaClass.INTERACTIVE
+
+
+def sla_to_proto(sla: SlaClass) -> common_pb2.SlaClass.ValueType:
+    return common_pb2.SLA_CLASS_BATCH if sla == SlaClass.BATCH else common_pb2.SLA_CLASS_INTERACTIVE
+
+
+def request_to_proto(request: GenerationRequest) -> common_pb2.GenerateRequest:
+    """A request whose prompt is token ids (text prompts are tokenized at the edge)."""
+    return common_pb2.GenerateRequest(
+        request_id=request.request_id,
+        prompt_token_ids=list(request.prompt_token_ids),
+        sampling=sampling_to_proto(request.sampling),
+        sla_class=sla_to_proto(request.sla_class),
+    )
 
 
 def event_to_proto(event: Event) -> common_pb2.Event:
@@ -85,5 +109,29 @@ def chunk_from_proto(msg: common_pb2.GenerateResponse) -> TokenChunk:
         text=msg.text,
         finish_reason=FinishReason(msg.finish_reason),
         event=event_from_proto(msg.event) if msg.HasField("event") else None,
+        worker_id=msg.worker_id,
+    )
+
+
+def flush_report_to_proto(report: FlushReport) -> daemon_pb2.FlushProgress:
+    return daemon_pb2.FlushProgress(
+        request_id=report.request_id,
+        complete=report.complete,
+        committed_tokens=report.committed_tokens,
+        persisted_blocks=report.persisted_blocks,
+        tail_persisted=report.tail_persisted,
+        context_tokens=report.context_tokens,
+        worker_id=report.worker_id,
+    )
+
+
+def flush_report_from_proto(msg: daemon_pb2.FlushProgress) -> FlushReport:
+    return FlushReport(
+        request_id=msg.request_id,
+        complete=msg.complete,
+        committed_tokens=msg.committed_tokens,
+        persisted_blocks=msg.persisted_blocks,
+        tail_persisted=msg.tail_persisted,
+        context_tokens=msg.context_tokens,
         worker_id=msg.worker_id,
     )

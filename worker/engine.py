@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotinfer.requests import (
+from common.errors import InvalidRequest
+from common.requests import (
     Event,
     EventKind,
     FinishReason,
@@ -45,8 +46,9 @@ from spotinfer.requests import (
     Sampling,
     TokenChunk,
 )
-from spotinfer.validation import Limits, check_prompt_tokens, check_sampling
+from common.validation import Limits, check_prompt_tokens, check_sampling
 from store import RedisStore, RequestRecord, RequestStatus, StoreUnavailable
+from store.request_record import sampling_to_record
 from worker.boundary_abort import abort_at_step_boundary
 from worker.config import WorkerConfig, engine_environment
 from worker.constants import (
@@ -76,7 +78,7 @@ from worker.kv_staging import StagingArea, default_staging_root
 from worker.metrics import WorkerMetrics
 from worker.model_fingerprint import model_fingerprint
 from worker.prefetch import PrefetchOutcome, prefetch_stage
-from worker.resume_point import ResumePoint, read_resume_point, sampling_to_record
+from worker.resume_point import ResumePoint, read_resume_point
 from worker.token_committer import TokenCommitter
 
 log = logging.getLogger(__name__)
@@ -315,12 +317,10 @@ class Engine:
         return tuple(self._llm.tokenizer.encode(text))
 
     def validate(self, request: GenerationRequest) -> None:
-        """Raises InvalidRequest with a readable message; see `spotinfer.validation`."""
+        """Raises InvalidRequest with a readable message; see `common.validation`."""
         check_prompt_tokens(request.prompt_token_ids, self.limits)
         check_sampling(request.sampling, len(request.prompt_token_ids), self.limits)
         if request.sampling.top_k > self.limits.vocab_size:
-            from worker.errors import InvalidRequest
-
             raise InvalidRequest(
                 f"top_k {request.sampling.top_k} is over the vocabulary size "
                 f"{self.limits.vocab_size}"

@@ -17,30 +17,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from protos.convert import chunk_to_proto, sampling_from_proto, sla_from_proto
+from common.requests import GenerationRequest
+from common.rpc import add_health_and_reflection, maps_errors, server_options, set_serving
+from common.validation import check_prompt_choice, check_request_id
+from protos.convert import (
+    chunk_to_proto,
+    flush_report_to_proto,
+    sampling_from_proto,
+    sla_from_proto,
+)
 from protos.spotinfer.v1 import common_pb2, daemon_pb2, worker_pb2, worker_pb2_grpc
-from spotinfer.requests import GenerationRequest
-from spotinfer.rpc import abort_with, add_health_and_reflection, server_options, set_serving
-from spotinfer.validation import check_prompt_choice, check_request_id
-from store import RedisStore, StoreUnavailable
+from store import RedisStore
 from worker.config import WorkerConfig
 from worker.constants import SERVER_STOP_GRACE_SECONDS
 from worker.engine import Engine
-from worker.errors import CannotResume
-from worker.flush_state import FlushState
-from worker.kv_staging import StagingFull
 from worker.metrics import LiveNumbers, WorkerMetrics
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-
-# Errors only Resume and Prefetch raise, beside the shared table of `spotinfer.rpc.status_for`.
-_RESUME_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
-    (CannotResume, grpc.StatusCode.FAILED_PRECONDITION),
-    (StagingFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
-)
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -69,6 +64,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             sla_class=sla_from_proto(msg.sla_class),
         )
 
+    @maps_errors
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: common_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
@@ -79,13 +75,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 async for chunk in chunks:
                     timer.see(chunk)
                     yield chunk_to_proto(chunk)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:  # mapped to a status in one place
-            await abort_with(context, exc)
         finally:
             timer.finish()
 
+    @maps_errors
     async def Resume(  # noqa: N802
         self, request: worker_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
@@ -98,21 +91,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 async for chunk in chunks:
                     timer.see(chunk)
                     yield chunk_to_proto(chunk)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:
-            await _abort_resume(context, exc)
         finally:
             timer.finish()
 
+    @maps_errors
     async def Prefetch(  # noqa: N802
         self, request: worker_pb2.PrefetchRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PrefetchResponse:
-        try:
-            check_request_id(request.request_id)
-            outcome = await self._engine.prefetch(request.request_id)
-        except Exception as exc:
-            await _abort_resume(context, exc)
+        check_request_id(request.request_id)
+        outcome = await self._engine.prefetch(request.request_id)
         return worker_pb2.PrefetchResponse(
             staged_blocks=outcome.staged_blocks,
             new_blocks=outcome.new_blocks,
@@ -121,26 +108,23 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             finished=outcome.finished,
         )
 
+    @maps_errors
     async def DropPrefetch(  # noqa: N802
         self, request: worker_pb2.DropPrefetchRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.DropPrefetchResponse:
-        try:
-            check_request_id(request.request_id)
-        except Exception as exc:
-            await abort_with(context, exc)
+        check_request_id(request.request_id)
         return worker_pb2.DropPrefetchResponse(
             dropped_blocks=self._engine.drop_prefetch(request.request_id)
         )
 
+    @maps_errors
     async def Abort(  # noqa: N802
         self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.AbortResponse:
-        try:
-            await self._engine.abort(request.request_id)
-        except Exception as exc:
-            await abort_with(context, exc)
+        await self._engine.abort(request.request_id)
         return worker_pb2.AbortResponse(aborted=True)
 
+    @maps_errors
     async def Drain(  # noqa: N802
         self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.DrainResponse:
@@ -150,20 +134,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         asyncio.get_running_loop().create_task(self._engine.drain(request.grace_seconds))
         return worker_pb2.DrainResponse(in_flight=in_flight)
 
+    @maps_errors
     async def Preempt(  # noqa: N802
         self, request: worker_pb2.PreemptRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[daemon_pb2.FlushProgress]:
         if self._set_health is not None:
             await self._set_health(False)
         self._metrics.preempted(self._engine.in_flight)
-        try:
-            async for state in self._engine.preempt(request.deadline_unix):
-                yield flush_progress_to_proto(state, self._engine.config.worker_id)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:
-            await abort_with(context, exc)
+        worker_id = self._engine.config.worker_id
+        async for state in self._engine.preempt(request.deadline_unix):
+            yield flush_report_to_proto(state.report(worker_id))
 
+    @maps_errors
     async def Stats(  # noqa: N802
         self, request: worker_pb2.StatsRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.WorkerStats:
@@ -189,25 +171,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             msg.max_num_seqs = status.shape.max_num_seqs
             msg.max_model_len = status.shape.max_model_len
         return msg
-
-
-async def _abort_resume(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    for error_type, code in _RESUME_STATUS:
-        if isinstance(exc, error_type):
-            await context.abort(code, str(exc))
-    await abort_with(context, exc)
-
-
-def flush_progress_to_proto(state: FlushState, worker_id: str) -> daemon_pb2.FlushProgress:
-    return daemon_pb2.FlushProgress(
-        request_id=state.request_id,
-        complete=state.complete,
-        committed_tokens=state.committed_tokens,
-        persisted_blocks=state.persisted_blocks,
-        tail_persisted=state.tail_persisted,
-        context_tokens=state.context_tokens,
-        worker_id=worker_id,
-    )
 
 
 async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:

@@ -56,7 +56,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from context_daemon.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
 from store import (
     BlockRejected,
     KVBlock,
@@ -82,6 +81,7 @@ from worker.constants import (
     SPOT_CONNECTOR_CLASS,
     SPOT_CONNECTOR_MODULE,
 )
+from worker.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
 from worker.kv_layout import (
     check_tensors,

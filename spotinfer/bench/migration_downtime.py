@@ -49,9 +49,9 @@ from typing import Any
 import grpc
 from rich.progress import Progress
 
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2, control_pb2
 from spotinfer.bench.resume_latency import TextTokens
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.metadata_servers import AwsImds
 from spotinfer.local.redis_process import RedisProcess

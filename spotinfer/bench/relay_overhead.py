@@ -27,8 +27,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from coordinator.local_process import CoordinatorProcess
 from spotinfer.bench.worker_throughput import PROMPTS
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 
 MAX_MODEL_LEN = 2048

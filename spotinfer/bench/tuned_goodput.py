@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from common.tuning_file import load_tuning_file
 from spotinfer.loadgen import LoadSpec, goodput, plan_requests, run_load, summarize
 from spotinfer.local.worker_process import WorkerProcess
-from spotinfer.tuner import load_tuning_file
 
 VLLM_CPU_DEFAULT_MAX_NUM_SEQS = 128
 

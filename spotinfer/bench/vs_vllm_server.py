@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from coordinator.local_process import CoordinatorProcess
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, free_port, process_environment
 
 TARGETS = ("vllm", "spotinfer")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from coordinator.local_process import CoordinatorProcess
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 from store.keys import request_route_key, schema_pattern
 from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy, start_coordinator
