@@ -14,13 +14,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.messages import FlushReport, NoticeEvent
 from common.rpc import add_health_and_reflection, maps_errors, server_options, set_serving
 from context_daemon.config import DaemonConfig
 from context_daemon.constants import DAEMON_STOP_GRACE_SECONDS
-from context_daemon.daemon import ContextDaemon, DaemonEvent, Hooks, Subscribers
+from context_daemon.daemon import ContextDaemon, Hooks, Subscribers
 from context_daemon.metrics import DaemonMetrics
 from context_daemon.notices import Notice
-from protos.convert import flush_report_to_proto
+from protos.convert import flush_report_to_proto, notice_event_to_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
 from store import RedisStore
 
@@ -30,21 +31,15 @@ SERVICE_NAME = daemon_pb2.DESCRIPTOR.services_by_name["ContextDaemon"].full_name
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
-def notice_to_proto(notice: Notice, daemon_id: str) -> daemon_pb2.NoticeEvent:
-    return daemon_pb2.NoticeEvent(
+def notice_event(notice: Notice, daemon_id: str, flush: FlushReport | None = None) -> NoticeEvent:
+    return NoticeEvent(
         source=notice.source,
         action=notice.action.value,
         deadline_unix=notice.deadline_unix or 0.0,
         received_unix=notice.received_unix,
         daemon_id=daemon_id,
+        flush=flush,
     )
-
-
-def event_to_proto(event: DaemonEvent, daemon_id: str) -> daemon_pb2.NoticeEvent:
-    msg = notice_to_proto(event.notice, daemon_id)
-    if event.flush is not None:
-        msg.flush.CopyFrom(flush_report_to_proto(event.flush))
-    return msg
 
 
 class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
@@ -73,7 +68,9 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
             worker_reachable=await self._daemon.worker.reachable(),
         )
         if state.last_notice is not None:
-            msg.notice.CopyFrom(notice_to_proto(state.last_notice, config.daemon_id))
+            msg.notice.CopyFrom(
+                notice_event_to_proto(notice_event(state.last_notice, config.daemon_id))
+            )
         return msg
 
     @maps_errors
@@ -83,7 +80,9 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
         # Headers go out at once, so a subscriber knows it is registered before any notice.
         await context.send_initial_metadata(())
         async for event in self._subscribers.stream(orchestrates=request.orchestrates_migration):
-            yield event_to_proto(event, self._daemon.config.daemon_id)
+            yield notice_event_to_proto(
+                notice_event(event.notice, self._daemon.config.daemon_id, event.flush)
+            )
 
     async def CommitTokens(  # noqa: N802
         self, request: daemon_pb2.CommitTokensRequest, context: grpc.aio.ServicerContext

@@ -41,14 +41,19 @@ from coordinator.route_records import RouteRecords
 from coordinator.routing import RoutingPolicy
 from coordinator.standby_pool import StandbyPool
 from coordinator.worker_client import WorkerClient
-from protos.convert import chunk_to_proto, sampling_from_proto, sla_from_proto, sla_to_proto
+from protos.convert import (
+    chunk_to_proto,
+    sampling_from_proto,
+    sla_from_proto,
+    sla_to_proto,
+    worker_stats_to_proto,
+)
 from protos.spotinfer.v1 import (
     common_pb2,
     control_pb2,
     control_pb2_grpc,
     inference_pb2,
     inference_pb2_grpc,
-    worker_pb2,
 )
 from store import RedisStore
 
@@ -138,26 +143,8 @@ class ControlService(control_pb2_grpc.ControlServicer):
             daemon_address=entry.daemon_address,
             notices_watched=entry.notices_watched,
         )
-        c = entry.capacity
-        if c is not None:
-            info.stats.CopyFrom(
-                worker_pb2.WorkerStats(
-                    worker_id=c.worker_id,
-                    ready=c.ready,
-                    draining=c.draining,
-                    degraded=c.degraded,
-                    running_seqs=c.running_seqs,
-                    waiting_seqs=c.waiting_seqs,
-                    kv_blocks_total=c.kv_blocks_total,
-                    kv_blocks_used=c.kv_blocks_total - c.kv_blocks_free,
-                    kv_blocks_free=c.kv_blocks_free,
-                    kv_block_tokens=c.kv_block_tokens,
-                    tokens_per_second=c.tokens_per_second,
-                    max_num_seqs=c.max_num_seqs,
-                    max_model_len=c.max_model_len,
-                    model=c.model,
-                )
-            )
+        if entry.capacity is not None:
+            info.stats.CopyFrom(worker_stats_to_proto(entry.capacity))
         return info
 
     @maps_errors

@@ -7,7 +7,7 @@ these: inside, code never sees a proto message.
 
 from __future__ import annotations
 
-from common.messages import FlushReport
+from common.messages import FlushReport, NoticeEvent, PrefetchResult, WorkerCapacity
 from common.requests import (
     Event,
     EventKind,
@@ -17,7 +17,7 @@ from common.requests import (
     SlaClass,
     TokenChunk,
 )
-from protos.spotinfer.v1 import common_pb2, daemon_pb2
+from protos.spotinfer.v1 import common_pb2, daemon_pb2, worker_pb2
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> Sampling:
@@ -134,4 +134,89 @@ def flush_report_from_proto(msg: daemon_pb2.FlushProgress) -> FlushReport:
         tail_persisted=msg.tail_persisted,
         context_tokens=msg.context_tokens,
         worker_id=msg.worker_id,
+    )
+
+
+def notice_event_to_proto(event: NoticeEvent) -> daemon_pb2.NoticeEvent:
+    msg = daemon_pb2.NoticeEvent(
+        source=event.source,
+        action=event.action,
+        deadline_unix=event.deadline_unix,
+        received_unix=event.received_unix,
+        daemon_id=event.daemon_id,
+    )
+    if event.flush is not None:
+        msg.flush.CopyFrom(flush_report_to_proto(event.flush))
+    return msg
+
+
+def notice_event_from_proto(msg: daemon_pb2.NoticeEvent) -> NoticeEvent:
+    return NoticeEvent(
+        source=msg.source,
+        action=msg.action,
+        deadline_unix=msg.deadline_unix,
+        received_unix=msg.received_unix,
+        daemon_id=msg.daemon_id,
+        flush=flush_report_from_proto(msg.flush) if msg.HasField("flush") else None,
+    )
+
+
+def worker_stats_to_proto(stats: WorkerCapacity) -> worker_pb2.WorkerStats:
+    return worker_pb2.WorkerStats(
+        worker_id=stats.worker_id,
+        ready=stats.ready,
+        draining=stats.draining,
+        degraded=stats.degraded,
+        running_seqs=stats.running_seqs,
+        waiting_seqs=stats.waiting_seqs,
+        kv_blocks_total=stats.kv_blocks_total,
+        kv_blocks_used=stats.kv_blocks_used,
+        kv_blocks_free=stats.kv_blocks_free,
+        kv_block_tokens=stats.kv_block_tokens,
+        tokens_per_second=stats.tokens_per_second,
+        max_num_seqs=stats.max_num_seqs,
+        max_model_len=stats.max_model_len,
+        model=stats.model,
+        generated_tokens_total=stats.generated_tokens_total,
+        requests_total=stats.requests_total,
+    )
+
+
+def worker_stats_from_proto(msg: worker_pb2.WorkerStats) -> WorkerCapacity:
+    return WorkerCapacity(
+        worker_id=msg.worker_id,
+        ready=msg.ready,
+        draining=msg.draining,
+        degraded=msg.degraded,
+        running_seqs=msg.running_seqs,
+        waiting_seqs=msg.waiting_seqs,
+        kv_blocks_total=msg.kv_blocks_total,
+        kv_blocks_free=msg.kv_blocks_free,
+        kv_block_tokens=msg.kv_block_tokens,
+        max_num_seqs=msg.max_num_seqs,
+        max_model_len=msg.max_model_len,
+        model=msg.model,
+        tokens_per_second=msg.tokens_per_second,
+        generated_tokens_total=msg.generated_tokens_total,
+        requests_total=msg.requests_total,
+    )
+
+
+def prefetch_result_to_proto(result: PrefetchResult) -> worker_pb2.PrefetchResponse:
+    return worker_pb2.PrefetchResponse(
+        staged_blocks=result.staged_blocks,
+        new_blocks=result.new_blocks,
+        staged_bytes=result.staged_bytes,
+        context_tokens=result.context_tokens,
+        finished=result.finished,
+    )
+
+
+def prefetch_result_from_proto(msg: worker_pb2.PrefetchResponse) -> PrefetchResult:
+    return PrefetchResult(
+        staged_blocks=msg.staged_blocks,
+        new_blocks=msg.new_blocks,
+        staged_bytes=msg.staged_bytes,
+        context_tokens=msg.context_tokens,
+        finished=msg.finished,
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.messages import PrefetchResult
 from store import RedisStore, block_hashes
 from worker.kv_staging import StagingArea
 from worker.resume_point import read_stored_point
@@ -30,6 +31,16 @@ class PrefetchOutcome:
     finished: bool  # the request ended: nothing is staged for it any more
     staged_prefix: tuple[int, ...] = ()
     """The tokens whose KV the staged blocks hold (the leading full blocks of the context)."""
+
+    def result(self) -> PrefetchResult:
+        """What the worker answers its coordinator."""
+        return PrefetchResult(
+            staged_blocks=self.staged_blocks,
+            new_blocks=self.new_blocks,
+            staged_bytes=self.staged_bytes,
+            context_tokens=self.context_tokens,
+            finished=self.finished,
+        )
 
 
 def prefetch_stage(

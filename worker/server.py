@@ -17,20 +17,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from common.messages import WorkerCapacity
 from common.requests import GenerationRequest
 from common.rpc import add_health_and_reflection, maps_errors, server_options, set_serving
 from common.validation import check_prompt_choice, check_request_id
 from protos.convert import (
     chunk_to_proto,
     flush_report_to_proto,
+    prefetch_result_to_proto,
     sampling_from_proto,
     sla_from_proto,
+    worker_stats_to_proto,
 )
 from protos.spotinfer.v1 import common_pb2, daemon_pb2, worker_pb2, worker_pb2_grpc
 from store import RedisStore
 from worker.config import WorkerConfig
 from worker.constants import SERVER_STOP_GRACE_SECONDS
-from worker.engine import Engine
+from worker.engine import Engine, WorkerStatus
 from worker.metrics import LiveNumbers, WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -100,13 +103,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.PrefetchResponse:
         check_request_id(request.request_id)
         outcome = await self._engine.prefetch(request.request_id)
-        return worker_pb2.PrefetchResponse(
-            staged_blocks=outcome.staged_blocks,
-            new_blocks=outcome.new_blocks,
-            staged_bytes=outcome.staged_bytes,
-            context_tokens=outcome.context_tokens,
-            finished=outcome.finished,
-        )
+        return prefetch_result_to_proto(outcome.result())
 
     @maps_errors
     async def DropPrefetch(  # noqa: N802
@@ -149,28 +146,31 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def Stats(  # noqa: N802
         self, request: worker_pb2.StatsRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.WorkerStats:
-        status = self._engine.status()
-        msg = worker_pb2.WorkerStats(
-            worker_id=status.worker_id,
-            ready=status.ready,
-            draining=status.draining,
-            running_seqs=status.engine.running_seqs,
-            waiting_seqs=status.engine.waiting_seqs,
-            tokens_per_second=status.engine.tokens_per_second,
-            generated_tokens_total=status.engine.generated_tokens_total,
-            requests_total=status.requests_total,
-            model=self._engine.config.model,
-            degraded=status.degraded,
-        )
-        if status.shape is not None:
-            used = round(status.engine.kv_cache_usage * status.shape.kv_blocks_total)
-            msg.kv_blocks_total = status.shape.kv_blocks_total
-            msg.kv_blocks_used = used
-            msg.kv_blocks_free = status.shape.kv_blocks_total - used
-            msg.kv_block_tokens = status.shape.kv_block_tokens
-            msg.max_num_seqs = status.shape.max_num_seqs
-            msg.max_model_len = status.shape.max_model_len
-        return msg
+        return worker_stats_to_proto(capacity(self._engine.status(), self._engine.config.model))
+
+
+def capacity(status: WorkerStatus, model: str) -> WorkerCapacity:
+    """The engine's status as the Stats message reports it."""
+    shape = status.shape
+    total = shape.kv_blocks_total if shape is not None else 0
+    used = round(status.engine.kv_cache_usage * total)
+    return WorkerCapacity(
+        worker_id=status.worker_id,
+        ready=status.ready,
+        draining=status.draining,
+        degraded=status.degraded,
+        running_seqs=status.engine.running_seqs,
+        waiting_seqs=status.engine.waiting_seqs,
+        kv_blocks_total=total,
+        kv_blocks_free=total - used,
+        kv_block_tokens=shape.kv_block_tokens if shape is not None else 0,
+        max_num_seqs=shape.max_num_seqs if shape is not None else 0,
+        max_model_len=shape.max_model_len if shape is not None else 0,
+        model=model,
+        tokens_per_second=status.engine.tokens_per_second,
+        generated_tokens_total=status.engine.generated_tokens_total,
+        requests_total=status.requests_total,
+    )
 
 
 async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
