@@ -23,24 +23,11 @@ from worker.resume_point import read_stored_point
 
 
 @dataclass(frozen=True)
-class PrefetchOutcome:
-    staged_blocks: int  # of the request, all stages so far
-    new_blocks: int  # staged by this call
-    staged_bytes: int
-    context_tokens: int
-    finished: bool  # the request ended: nothing is staged for it any more
+class PrefetchOutcome(PrefetchResult):
+    """What the worker answers its coordinator, and what it keeps for the resume."""
+
     staged_prefix: tuple[int, ...] = ()
     """The tokens whose KV the staged blocks hold (the leading full blocks of the context)."""
-
-    def result(self) -> PrefetchResult:
-        """What the worker answers its coordinator."""
-        return PrefetchResult(
-            staged_blocks=self.staged_blocks,
-            new_blocks=self.new_blocks,
-            staged_bytes=self.staged_bytes,
-            context_tokens=self.context_tokens,
-            finished=self.finished,
-        )
 
 
 def prefetch_stage(

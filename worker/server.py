@@ -103,7 +103,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.PrefetchResponse:
         check_request_id(request.request_id)
         outcome = await self._engine.prefetch(request.request_id)
-        return prefetch_result_to_proto(outcome.result())
+        return prefetch_result_to_proto(outcome)
 
     @maps_errors
     async def DropPrefetch(  # noqa: N802
