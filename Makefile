@@ -61,7 +61,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy protos coordinator worker context_daemon spotinfer benchmarks
+	$(BIN)/mypy common protos store coordinator worker context_daemon spotinfer benchmarks
 
 protos: setup
 	$(BIN)/python -m spotinfer.protogen

@@ -38,9 +38,9 @@ from rich.console import Console
 from benchmarks.harness import benchmark_parser, engine_flags, resolve_model_arg, write_json
 from benchmarks.kv_persistence import BLOCK_TOKENS, Geometry
 from benchmarks.resume_latency import StreamReader, TextTokens, greedy
-from context_daemon.store import RedisStore
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore
 
 LLAMA3_8B_KV_BYTES_PER_TOKEN = 128 * 1024  # 2 x 32 layers x 8 kv heads x 128 x 2 bytes
 MB = 1_000_000

@@ -54,7 +54,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks.harness import benchmark_parser, print_table, resolve_model_arg, rotated, write_json
-from context_daemon.store import (
+from spotinfer.local.redis_process import RedisProcess
+from store import (
     BlockWrite,
     KVBlock,
     KVFormat,
@@ -63,9 +64,8 @@ from context_daemon.store import (
     RequestStatus,
     StoreConfig,
 )
-from context_daemon.store.block_codec import chain_hash, encode_block, header_bytes, seal_block
-from context_daemon.store.redis_link import RedisClient, connect
-from spotinfer.local.redis_process import RedisProcess
+from store.block_codec import chain_hash, encode_block, header_bytes, seal_block
+from store.redis_link import RedisClient, connect
 from worker.constants import KV_WRITE_QUEUE_BLOCKS
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
 from worker.kv_layout import block_buffer, copy_block

@@ -56,8 +56,8 @@ from benchmarks.harness import (
     write_json,
 )
 from benchmarks.resume_latency import TextTokens
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2, control_pb2
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.metadata_servers import AwsImds
 from spotinfer.local.redis_process import RedisProcess

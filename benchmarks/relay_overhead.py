@@ -33,7 +33,7 @@ from benchmarks.harness import (
     resolve_model_arg,
     write_json,
 )
-from coordinator.local_process import CoordinatorProcess
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 
 MAX_MODEL_LEN = 2048

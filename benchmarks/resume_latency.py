@@ -68,9 +68,9 @@ from benchmarks.harness import (
     rotated,
     write_json,
 )
-from context_daemon.store import KVFormat, RedisStore, block_hashes, block_reads
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.worker_process import WorkerProcess
+from store import KVFormat, RedisStore, block_hashes, block_reads
 
 BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
 MAX_MODEL_LEN = 4608

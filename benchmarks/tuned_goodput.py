@@ -29,9 +29,9 @@ from benchmarks.harness import (
     resolve_model_arg,
     write_json,
 )
+from common.tuning_file import load_tuning_file
 from spotinfer.loadgen import LoadSpec, goodput, plan_requests, run_load, summarize
 from spotinfer.local.worker_process import WorkerProcess
-from spotinfer.tuner import load_tuning_file
 
 VLLM_CPU_DEFAULT_MAX_NUM_SEQS = 128
 

@@ -47,7 +47,7 @@ from benchmarks.harness import (
     resolve_model_arg,
     write_json,
 )
-from coordinator.local_process import CoordinatorProcess
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, free_port, process_environment
 
 TARGETS = ("vllm", "spotinfer")

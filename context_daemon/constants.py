@@ -1,33 +1,6 @@
-"""Constants of the context daemon: key schema version, block format, timeouts, notice timing."""
+"""Constants of the context daemon: notice timing, flush planning, timeouts."""
 
 from __future__ import annotations
-
-# --- Redis key schema -------------------------------------------------------------------------
-# Bump when the meaning of any key changes; old and new daemons then never read each other's data.
-KEY_SCHEMA_VERSION = 1
-KEY_PREFIX = f"si:v{KEY_SCHEMA_VERSION}:"
-
-# --- committed tokens -------------------------------------------------------------------------
-# Token ids are stored packed, little-endian unsigned 32-bit: every tokenizer vocabulary fits.
-TOKEN_ID_BYTES = 4
-MAX_TOKEN_ID = 2**32 - 1
-
-# --- KV block format --------------------------------------------------------------------------
-BLOCK_FORMAT_VERSION = 1
-BLOCK_MAGIC = b"SIKV"
-# blake2b digest size of one link of the block hash chain: 128 bits keeps accidental
-# collisions out of reach (birthday bound ~2^64 blocks) while keeping keys short.
-BLOCK_HASH_BYTES = 16
-
-# --- expiry -----------------------------------------------------------------------------------
-DEFAULT_REQUEST_TTL_SECONDS = 6 * 3600
-DEFAULT_RETENTION_SECONDS = 0
-DEFAULT_BLOCK_TTL_SECONDS = 3600
-
-# --- Redis client -----------------------------------------------------------------------------
-# Short socket timeouts: the decode loop must learn quickly that Redis is gone, not hang.
-DEFAULT_SOCKET_TIMEOUT_SECONDS = 2.0
-DEFAULT_SOCKET_CONNECT_TIMEOUT_SECONDS = 1.0
 
 # --- notices ----------------------------------------------------------------------------------
 AWS_POLL_INTERVAL_SECONDS = 2.0
@@ -49,11 +22,6 @@ HTTP_TIMEOUT_SECONDS = 2.0
 AWS_METADATA_BASE_URL = "http://169.254.169.254"
 GCP_METADATA_BASE_URL = "http://metadata.google.internal"
 AZURE_METADATA_BASE_URL = "http://169.254.169.254"
-
-# --- flush planner ----------------------------------------------------------------------------
-# Bytes a committed token costs on the wire besides its id (command framing, key, script args),
-# amortised: tokens are tiny next to KV, which is why they always go first.
-TOKEN_WIRE_BYTES = 16
 
 # --- the daemon process -----------------------------------------------------------------------
 # The port infra's security groups open for the daemon.

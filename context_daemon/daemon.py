@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from common.messages import FlushReport
 from context_daemon.config import DaemonConfig
 from context_daemon.constants import (
     DAEMON_RETRY_SECONDS,
@@ -41,7 +42,7 @@ from context_daemon.constants import (
     SUBSCRIBER_QUEUE_EVENTS,
 )
 from context_daemon.notices import Notice, NoticeAction, NoticeWatcher, create_watcher
-from context_daemon.worker_link import FlushReport, WorkerLink
+from context_daemon.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
 

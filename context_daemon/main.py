@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from common.errors import UserError
 from context_daemon.config import DaemonConfig
-from spotinfer.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

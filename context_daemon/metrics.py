@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, start
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from common.messages import FlushReport
 from context_daemon.daemon import DaemonState, NotificationHook
 from context_daemon.notices import Notice
-from context_daemon.worker_link import FlushReport
 
 PREFIX = "spotinfer_daemon_"
 

@@ -14,15 +14,16 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.messages import FlushReport, NoticeEvent
+from common.rpc import add_health_and_reflection, maps_errors, server_options, set_serving
 from context_daemon.config import DaemonConfig
 from context_daemon.constants import DAEMON_STOP_GRACE_SECONDS
-from context_daemon.daemon import ContextDaemon, DaemonEvent, Hooks, Subscribers
+from context_daemon.daemon import ContextDaemon, Hooks, Subscribers
 from context_daemon.metrics import DaemonMetrics
 from context_daemon.notices import Notice
-from context_daemon.store import RedisStore
-from context_daemon.worker_link import report_to_proto
+from protos.convert import flush_report_to_proto, notice_event_to_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
-from spotinfer.rpc import add_health_and_reflection, server_options, set_serving
+from store import RedisStore
 
 log = logging.getLogger(__name__)
 
@@ -30,21 +31,15 @@ SERVICE_NAME = daemon_pb2.DESCRIPTOR.services_by_name["ContextDaemon"].full_name
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
-def notice_to_proto(notice: Notice, daemon_id: str) -> daemon_pb2.NoticeEvent:
-    return daemon_pb2.NoticeEvent(
+def notice_event(notice: Notice, daemon_id: str, flush: FlushReport | None = None) -> NoticeEvent:
+    return NoticeEvent(
         source=notice.source,
         action=notice.action.value,
         deadline_unix=notice.deadline_unix or 0.0,
         received_unix=notice.received_unix,
         daemon_id=daemon_id,
+        flush=flush,
     )
-
-
-def event_to_proto(event: DaemonEvent, daemon_id: str) -> daemon_pb2.NoticeEvent:
-    msg = notice_to_proto(event.notice, daemon_id)
-    if event.flush is not None:
-        msg.flush.CopyFrom(report_to_proto(event.flush))
-    return msg
 
 
 class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
@@ -55,6 +50,7 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
         self._subscribers = subscribers
         self._store = store
 
+    @maps_errors
     async def Status(  # noqa: N802 - gRPC method name
         self, request: daemon_pb2.DaemonStatusRequest, context: grpc.aio.ServicerContext
     ) -> daemon_pb2.DaemonStatus:
@@ -68,20 +64,25 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
             notice_source=config.notice_source,
             worker_address=config.worker_address,
             flushes=state.flushes,
-            last_flush=[report_to_proto(r) for r in state.last_flush.values()],
+            last_flush=[flush_report_to_proto(r) for r in state.last_flush.values()],
             worker_reachable=await self._daemon.worker.reachable(),
         )
         if state.last_notice is not None:
-            msg.notice.CopyFrom(notice_to_proto(state.last_notice, config.daemon_id))
+            msg.notice.CopyFrom(
+                notice_event_to_proto(notice_event(state.last_notice, config.daemon_id))
+            )
         return msg
 
+    @maps_errors
     async def WatchNotices(  # noqa: N802
         self, request: daemon_pb2.WatchNoticesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[daemon_pb2.NoticeEvent]:
         # Headers go out at once, so a subscriber knows it is registered before any notice.
         await context.send_initial_metadata(())
         async for event in self._subscribers.stream(orchestrates=request.orchestrates_migration):
-            yield event_to_proto(event, self._daemon.config.daemon_id)
+            yield notice_event_to_proto(
+                notice_event(event.notice, self._daemon.config.daemon_id, event.flush)
+            )
 
     async def CommitTokens(  # noqa: N802
         self, request: daemon_pb2.CommitTokensRequest, context: grpc.aio.ServicerContext
@@ -97,11 +98,12 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "peer migration is not served here")
         raise AssertionError("abort raises")
 
+    @maps_errors
     async def Flush(  # noqa: N802
         self, request: daemon_pb2.FlushRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[daemon_pb2.FlushProgress]:
         async for report in self._daemon.flush(request.deadline_unix):
-            yield report_to_proto(report)
+            yield flush_report_to_proto(report)
 
 
 async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:

@@ -1,55 +1,20 @@
 """The daemon's channel to its worker: gRPC over loopback TCP or a unix socket.
 
-Proto messages stop here: the daemon sees FlushReport dataclasses. The worker is on the same
-host, so the channel is local either way; `benchmarks/local_channel.py` measures both.
+Proto messages stop here: the daemon sees FlushReport dataclasses (`common.messages`). The
+worker is on the same host, so the channel is local either way; `benchmarks/local_channel.py`
+measures both.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import grpc
 
+from common.messages import FlushReport
 from context_daemon.constants import PREEMPT_MARGIN_SECONDS, WORKER_CALL_TIMEOUT_SECONDS
-from protos.spotinfer.v1 import daemon_pb2, worker_pb2, worker_pb2_grpc
-
-
-@dataclass(frozen=True)
-class FlushReport:
-    """How far one paused request's state reached the store (see worker/flush_state.py)."""
-
-    request_id: str
-    complete: bool
-    committed_tokens: int
-    persisted_blocks: int
-    tail_persisted: bool
-    context_tokens: int
-    worker_id: str
-
-
-def report_from_proto(msg: daemon_pb2.FlushProgress) -> FlushReport:
-    return FlushReport(
-        request_id=msg.request_id,
-        complete=msg.complete,
-        committed_tokens=msg.committed_tokens,
-        persisted_blocks=msg.persisted_blocks,
-        tail_persisted=msg.tail_persisted,
-        context_tokens=msg.context_tokens,
-        worker_id=msg.worker_id,
-    )
-
-
-def report_to_proto(report: FlushReport) -> daemon_pb2.FlushProgress:
-    return daemon_pb2.FlushProgress(
-        request_id=report.request_id,
-        complete=report.complete,
-        committed_tokens=report.committed_tokens,
-        persisted_blocks=report.persisted_blocks,
-        tail_persisted=report.tail_persisted,
-        context_tokens=report.context_tokens,
-        worker_id=report.worker_id,
-    )
+from protos.convert import flush_report_from_proto
+from protos.spotinfer.v1 import worker_pb2, worker_pb2_grpc
 
 
 class WorkerLink:
@@ -70,7 +35,7 @@ class WorkerLink:
             worker_pb2.PreemptRequest(deadline_unix=deadline_unix), timeout=timeout
         )
         async for msg in call:
-            yield report_from_proto(msg)
+            yield flush_report_from_proto(msg)
 
     async def reachable(self) -> bool:
         try:

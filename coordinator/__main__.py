@@ -4,8 +4,8 @@ import argparse
 import logging
 import sys
 
+from common.errors import UserError
 from coordinator.main import add_arguments, run
-from spotinfer.errors import UserError
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(

@@ -20,11 +20,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from common.requests import GenerationRequest, SlaClass
 from coordinator.errors import NoWorkerAvailable, QueueFull
 from coordinator.registry import Registry, WorkerEntry
 from coordinator.routing import RoutingPolicy
 from coordinator.standby_pool import StandbyPool
-from spotinfer.requests import GenerationRequest, SlaClass
 
 log = logging.getLogger(__name__)
 

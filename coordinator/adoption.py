@@ -22,8 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from context_daemon.store import RequestNotFound as StoreRequestNotFound
-from context_daemon.store import RequestRecord, RequestStatus, RequestStore
+from common.requests import GenerationRequest, SlaClass, TokenChunk
 from coordinator.constants import (
     ADOPT_PAUSE_WAIT_SECONDS,
     ADOPT_POLL_SECONDS,
@@ -33,8 +32,9 @@ from coordinator.errors import UnknownRequest
 from coordinator.route_records import FINISHED_STATUS, RouteRecord, RouteRecords
 from protos.convert import chunk_from_proto
 from protos.spotinfer.v1 import inference_pb2, inference_pb2_grpc
-from spotinfer.requests import GenerationRequest, SlaClass, TokenChunk
-from worker.resume_point import sampling_from_record
+from store import RequestNotFound as StoreRequestNotFound
+from store import RequestRecord, RequestStatus, RequestStore
+from store.request_record import sampling_from_record
 
 log = logging.getLogger(__name__)
 

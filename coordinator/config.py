@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.tuning_file import load_tuning_file
 from coordinator.constants import (
     DEFAULT_BATCH_QUEUE_CAPACITY,
     DEFAULT_FAILOVER_POLICY,
@@ -266,8 +267,6 @@ def apply_tuning_file(config: CoordinatorConfig) -> CoordinatorConfig:
     """The per-class caps from `config.tuning_file`, where no explicit flag set them."""
     if not config.tuning_file:
         return config
-    from spotinfer.tuner import load_tuning_file
-
     classes = load_tuning_file(Path(config.tuning_file)).get("classes", {})
     interactive = config.interactive_max_per_worker or int(
         classes.get("interactive", {}).get("max_num_seqs", 0)

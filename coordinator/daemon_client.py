@@ -8,30 +8,13 @@ drill, calls Flush as a cloud notice would make the daemon do.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
-from context_daemon.worker_link import FlushReport, report_from_proto
+from common.messages import FlushReport, NoticeEvent
+from protos.convert import flush_report_from_proto, notice_event_from_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
-
-# Actions of a NoticeEvent that end the VM (a rebalance is a hint: nothing moves yet).
-_ENDING_ACTIONS = frozenset({"terminate", "stop", "preempt"})
-
-
-@dataclass(frozen=True)
-class DaemonEvent:
-    """A notice (``flush`` None) or one request's flush report under it."""
-
-    source: str
-    action: str
-    deadline_unix: float  # 0: no deadline (a hint)
-    flush: FlushReport | None
-
-    @property
-    def ends_vm(self) -> bool:
-        return self.action in _ENDING_ACTIONS
 
 
 class DaemonEndpoint(Protocol):
@@ -44,7 +27,7 @@ class DaemonEndpoint(Protocol):
 
     def watch(
         self, on_subscribed: Callable[[], None] = lambda: None, orchestrates: bool = False
-    ) -> AsyncIterator[DaemonEvent]:
+    ) -> AsyncIterator[NoticeEvent]:
         """Every notice and flush report from the subscription on, until it breaks."""
         ...
 
@@ -66,7 +49,7 @@ class DaemonClient:
 
     async def watch(
         self, on_subscribed: Callable[[], None] = lambda: None, orchestrates: bool = False
-    ) -> AsyncIterator[DaemonEvent]:
+    ) -> AsyncIterator[NoticeEvent]:
         """Every notice and flush report from now on, until the stream breaks.
         ``on_subscribed`` runs once the daemon has registered the subscription (it sends
         its headers then): no notice after that moment is missed. ``orchestrates``: this
@@ -79,12 +62,7 @@ class DaemonClient:
             await call.initial_metadata()
             on_subscribed()
             async for msg in call:
-                yield DaemonEvent(
-                    source=msg.source,
-                    action=msg.action,
-                    deadline_unix=msg.deadline_unix,
-                    flush=report_from_proto(msg.flush) if msg.HasField("flush") else None,
-                )
+                yield notice_event_from_proto(msg)
         finally:
             call.cancel()
 
@@ -98,6 +76,6 @@ class DaemonClient:
         )
         try:
             async for msg in call:
-                yield report_from_proto(msg)
+                yield flush_report_from_proto(msg)
         finally:
             call.cancel()

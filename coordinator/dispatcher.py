@@ -16,6 +16,14 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from common.requests import FinishReason, GenerationRequest, Sampling, SlaClass, TokenChunk
+from common.validation import (
+    Limits,
+    check_prompt_choice,
+    check_prompt_tokens,
+    check_request_id,
+    check_sampling,
+)
 from coordinator.admission import Admission
 from coordinator.adoption import Adoption, ReplicaUnavailable
 from coordinator.constants import RETENTION_SWEEP_INTERVAL_SECONDS
@@ -27,14 +35,6 @@ from coordinator.registry import Registry, WorkerEntry, WorkerState
 from coordinator.relay import Relay
 from coordinator.request_table import RequestTable
 from coordinator.route_records import RouteRecord, RouteRecords, now_unix_ms
-from spotinfer.requests import FinishReason, GenerationRequest, Sampling, SlaClass, TokenChunk
-from spotinfer.validation import (
-    Limits,
-    check_prompt_choice,
-    check_prompt_tokens,
-    check_request_id,
-    check_sampling,
-)
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,14 @@
-"""Typed errors of the coordinator; `spotinfer.rpc.status_for` maps each to one gRPC status
-and `coordinator.http_front` to one HTTP status."""
+"""Typed errors of the coordinator; each carries its gRPC and HTTP status (see
+`common.errors`)."""
 
 from __future__ import annotations
 
+import math
+
+import grpc
+
+from common.errors import InvalidRequest, ServiceError
 from coordinator.constants import RETRY_AFTER_METADATA_KEY
-from spotinfer.validation import InvalidRequest
 
 __all__ = [
     "IndexOutOfRange",
@@ -19,12 +23,16 @@ __all__ = [
 ]
 
 
-class QueueFull(RuntimeError):
+class QueueFull(ServiceError, RuntimeError):
     """The request's SLA-class queue is full; maps to RESOURCE_EXHAUSTED (HTTP 429).
 
     The client is told when to try again, in the message and in the trailing metadata
-    ``retry-after-ms`` (HTTP: ``Retry-After``).
+    ``retry-after-ms`` (HTTP: ``Retry-After`` in whole seconds, and ``retry-after-ms``).
     """
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+    http_type = "rate_limit_error"
 
     def __init__(self, sla_class_name: str, capacity: int, retry_after_ms: int) -> None:
         super().__init__(
@@ -36,30 +44,52 @@ class QueueFull(RuntimeError):
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         return ((RETRY_AFTER_METADATA_KEY, str(self.retry_after_ms)),)
 
+    def http_headers(self) -> dict[str, str]:
+        return {
+            "Retry-After": str(max(1, math.ceil(self.retry_after_ms / 1000))),
+            RETRY_AFTER_METADATA_KEY: str(self.retry_after_ms),
+        }
 
-class NoWorkerAvailable(RuntimeError):
+
+class NoWorkerAvailable(ServiceError, RuntimeError):
     """No worker is ready to take requests; maps to UNAVAILABLE (HTTP 503)."""
 
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    http_type = "service_unavailable"
 
-class UnknownRequest(KeyError):
-    """No request with that id is running or retained here; maps to NOT_FOUND."""
+
+class UnknownRequest(ServiceError, KeyError):
+    """No request with that id is running or retained here; maps to NOT_FOUND (HTTP 404)."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+    http_type = "not_found_error"
 
     def __str__(self) -> str:
         return f"no request with id {self.args[0]!r} on this coordinator"
 
 
-class UnknownWorker(KeyError):
-    """No registered worker has that id; maps to NOT_FOUND."""
+class UnknownWorker(ServiceError, KeyError):
+    """No registered worker has that id; maps to NOT_FOUND (HTTP 404)."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+    http_type = "not_found_error"
 
     def __str__(self) -> str:
         return f"no worker with id {self.args[0]!r} is registered"
 
 
-class IndexOutOfRange(IndexError):
-    """Attach from an index past the end of the output; maps to OUT_OF_RANGE."""
+class IndexOutOfRange(ServiceError, IndexError):
+    """Attach from an index past the end of the output; maps to OUT_OF_RANGE (HTTP 416)."""
+
+    grpc_code = grpc.StatusCode.OUT_OF_RANGE
+    http_status = 416
+    http_type = "invalid_request_error"
 
 
-class WorkerStreamBroken(RuntimeError):
+class WorkerStreamBroken(ServiceError, RuntimeError):
     """The worker's stream ended without a finish (connection lost, worker gone or cut).
 
     Never reaches a client: the relay hands it to its failover policy.
@@ -71,6 +101,6 @@ class NothingPersisted(WorkerStreamBroken):
     never got it, or died before it wrote anything. Never reaches a client."""
 
 
-class RequestLost(RuntimeError):
+class RequestLost(ServiceError, RuntimeError):
     """The failover policy could not continue a request whose worker broke; the client's
     stream ends with FinishReason.ERROR and this message in its event."""

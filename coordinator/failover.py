@@ -28,11 +28,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from context_daemon.store import RequestStore, StoreUnavailable
+from common.requests import Event, EventKind, GenerationRequest, TokenChunk
 from coordinator.admission import Admission, Lease
 from coordinator.errors import NothingPersisted, RequestLost
 from coordinator.migration import Migrations
-from spotinfer.requests import Event, EventKind, GenerationRequest, TokenChunk
+from store import RequestStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

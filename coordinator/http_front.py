@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,22 +23,15 @@ from typing import Any
 
 from aiohttp import web
 
+from common.errors import InvalidRequest, ServiceError, is_unexpected
+from common.requests import FinishReason, Sampling, SlaClass, TokenChunk
 from coordinator.constants import (
     DEFAULT_HTTP_MAX_TOKENS,
     MODEL_OWNER,
     OPENAI_DEFAULT_TEMPERATURE,
-    RETRY_AFTER_METADATA_KEY,
 )
 from coordinator.dispatcher import Dispatcher
-from coordinator.errors import (
-    IndexOutOfRange,
-    NoWorkerAvailable,
-    QueueFull,
-    UnknownRequest,
-)
 from coordinator.metrics import CoordinatorMetrics
-from spotinfer.requests import FinishReason, Sampling, SlaClass, TokenChunk
-from spotinfer.validation import InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -62,23 +54,12 @@ class HttpError(Exception):
 
 
 def http_error_for(exc: BaseException) -> HttpError:
-    """The HTTP side of the status table in `spotinfer.rpc`."""
+    """The HTTP side of the error model (`common.errors`): each typed error's HTTP status,
+    error type and headers; anything unexpected is logged and answered 500."""
     if isinstance(exc, HttpError):
         return exc
-    if isinstance(exc, InvalidRequest):
-        return HttpError(400, "invalid_request_error", str(exc))
-    if isinstance(exc, QueueFull):
-        headers = {
-            "Retry-After": str(max(1, math.ceil(exc.retry_after_ms / 1000))),
-            RETRY_AFTER_METADATA_KEY: str(exc.retry_after_ms),
-        }
-        return HttpError(429, "rate_limit_error", str(exc), headers)
-    if isinstance(exc, NoWorkerAvailable):
-        return HttpError(503, "service_unavailable", str(exc))
-    if isinstance(exc, UnknownRequest):
-        return HttpError(404, "not_found_error", str(exc))
-    if isinstance(exc, IndexOutOfRange):
-        return HttpError(416, "invalid_request_error", str(exc))
+    if isinstance(exc, ServiceError) and not is_unexpected(exc):
+        return HttpError(exc.http_status, exc.http_type, str(exc), exc.http_headers())
     log.exception("unexpected error on the HTTP front", exc_info=exc)
     return HttpError(500, "internal_error", f"{type(exc).__name__}: {exc}")
 

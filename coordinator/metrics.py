@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from spotinfer.requests import FinishReason, SlaClass
+from common.requests import FinishReason, SlaClass
 
 # Decode steps of a small model on a CPU take milliseconds; a queued first token, seconds.
 _TTFT_BUCKETS_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

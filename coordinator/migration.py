@@ -43,7 +43,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from context_daemon.worker_link import FlushReport
+from common.messages import FlushReport, NoticeEvent
+from common.requests import GenerationRequest
 from coordinator.admission import Admission, Lease
 from coordinator.constants import (
     DAEMON_RESUBSCRIBE_SECONDS,
@@ -58,10 +59,9 @@ from coordinator.constants import (
     STAGING_MAX_STAGES,
     STAGING_MIN_LEFT_SECONDS,
 )
-from coordinator.daemon_client import DaemonClient, DaemonEndpoint, DaemonEvent
+from coordinator.daemon_client import DaemonClient, DaemonEndpoint
 from coordinator.registry import Registry, WorkerEntry, WorkerState
 from coordinator.worker_client import PrefetchRefused
-from spotinfer.requests import GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +383,7 @@ class Migrations:
                 return
             await asyncio.sleep(DAEMON_RESUBSCRIBE_SECONDS)
 
-    def _on_event(self, entry: WorkerEntry, event: DaemonEvent) -> None:
+    def _on_event(self, entry: WorkerEntry, event: NoticeEvent) -> None:
         if event.flush is not None:
             self.flushed(entry.address, event.flush)
         elif event.ends_vm:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from common.errors import InvalidRequest
 from coordinator.constants import SPAN_CONTEXT_TOKENS
-from spotinfer.validation import InvalidRequest
 
 
 class PromptTokenizer:

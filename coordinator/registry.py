@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from common.messages import WorkerCapacity
+from common.requests import GenerationRequest, SlaClass
 from coordinator.errors import UnknownWorker
-from coordinator.worker_client import WorkerCapacity, WorkerEndpoint
-from spotinfer.requests import GenerationRequest, SlaClass
+from coordinator.worker_client import WorkerEndpoint
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
+from common.errors import InvalidRequest
+from common.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
 from coordinator.admission import Admission, Lease, Ticket
 from coordinator.errors import IndexOutOfRange, RequestLost, WorkerStreamBroken
 from coordinator.failover import FailoverPolicy, Interruption, InterruptionKind
-from spotinfer.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
-from spotinfer.validation import InvalidRequest
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from context_daemon.store.keys import request_route_key
+from store.keys import request_route_key
 
 log = logging.getLogger(__name__)
 

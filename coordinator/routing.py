@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from common.requests import GenerationRequest
 from coordinator.registry import WorkerEntry
-from spotinfer.requests import GenerationRequest
 
 
 class RoutingPolicy:

@@ -16,7 +16,9 @@ from typing import Any
 
 import grpc
 
-from context_daemon.store import RedisStore
+from common.errors import InvalidRequest
+from common.requests import SlaClass
+from common.rpc import add_health_and_reflection, maps_errors, server_options, set_serving
 from coordinator.admission import Admission, AdmissionLimits
 from coordinator.adoption import Adoption
 from coordinator.config import CoordinatorConfig, check_address, split_worker_flag
@@ -39,18 +41,21 @@ from coordinator.route_records import RouteRecords
 from coordinator.routing import RoutingPolicy
 from coordinator.standby_pool import StandbyPool
 from coordinator.worker_client import WorkerClient
-from protos.convert import chunk_to_proto, sampling_from_proto, sla_from_proto
+from protos.convert import (
+    chunk_to_proto,
+    sampling_from_proto,
+    sla_from_proto,
+    sla_to_proto,
+    worker_stats_to_proto,
+)
 from protos.spotinfer.v1 import (
     common_pb2,
     control_pb2,
     control_pb2_grpc,
     inference_pb2,
     inference_pb2_grpc,
-    worker_pb2,
 )
-from spotinfer.requests import SlaClass
-from spotinfer.rpc import abort_with, add_health_and_reflection, server_options, set_serving
-from spotinfer.validation import InvalidRequest
+from store import RedisStore
 
 log = logging.getLogger(__name__)
 
@@ -72,55 +77,40 @@ _STATE_TO_PROTO = {
     WorkerState.LOST: control_pb2.WORKER_STATE_LOST,
     WorkerState.STOPPED: control_pb2.WORKER_STATE_STOPPED,
 }
-_SLA_TO_PROTO = {
-    SlaClass.INTERACTIVE: common_pb2.SLA_CLASS_INTERACTIVE,
-    SlaClass.BATCH: common_pb2.SLA_CLASS_BATCH,
-}
 
 
 class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._dispatcher = dispatcher
 
+    @maps_errors
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: common_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
-        try:
-            relay = self._dispatcher.existing(request.request_id)
-            if relay is None:
-                prompt_ids = self._dispatcher.prompt_ids(request.prompt, request.prompt_token_ids)
-                relay = self._dispatcher.submit(
-                    request.request_id,
-                    prompt_ids,
-                    sampling_from_proto(request.sampling),
-                    sla_from_proto(request.sla_class),
-                )
-            async for chunk in relay.follow(0):
-                yield chunk_to_proto(chunk)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:  # mapped to a status in one place
-            await abort_with(context, exc)
+        relay = self._dispatcher.existing(request.request_id)
+        if relay is None:
+            prompt_ids = self._dispatcher.prompt_ids(request.prompt, request.prompt_token_ids)
+            relay = self._dispatcher.submit(
+                request.request_id,
+                prompt_ids,
+                sampling_from_proto(request.sampling),
+                sla_from_proto(request.sla_class),
+            )
+        async for chunk in relay.follow(0):
+            yield chunk_to_proto(chunk)
 
+    @maps_errors
     async def Attach(  # noqa: N802
         self, request: inference_pb2.AttachRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
-        try:
-            async for chunk in self._dispatcher.attach(request.request_id, request.from_index):
-                yield chunk_to_proto(chunk)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:
-            await abort_with(context, exc)
+        async for chunk in self._dispatcher.attach(request.request_id, request.from_index):
+            yield chunk_to_proto(chunk)
 
+    @maps_errors
     async def Cancel(  # noqa: N802
         self, request: inference_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.CancelResponse:
-        try:
-            cancelled, generated = await self._dispatcher.cancel(request.request_id)
-        except Exception as exc:
-            await abort_with(context, exc)
-            raise  # unreachable: abort raises
+        cancelled, generated = await self._dispatcher.cancel(request.request_id)
         return inference_pb2.CancelResponse(cancelled=cancelled, generated_tokens=generated)
 
 
@@ -153,28 +143,11 @@ class ControlService(control_pb2_grpc.ControlServicer):
             daemon_address=entry.daemon_address,
             notices_watched=entry.notices_watched,
         )
-        c = entry.capacity
-        if c is not None:
-            info.stats.CopyFrom(
-                worker_pb2.WorkerStats(
-                    worker_id=c.worker_id,
-                    ready=c.ready,
-                    draining=c.draining,
-                    degraded=c.degraded,
-                    running_seqs=c.running_seqs,
-                    waiting_seqs=c.waiting_seqs,
-                    kv_blocks_total=c.kv_blocks_total,
-                    kv_blocks_used=c.kv_blocks_total - c.kv_blocks_free,
-                    kv_blocks_free=c.kv_blocks_free,
-                    kv_block_tokens=c.kv_block_tokens,
-                    tokens_per_second=c.tokens_per_second,
-                    max_num_seqs=c.max_num_seqs,
-                    max_model_len=c.max_model_len,
-                    model=c.model,
-                )
-            )
+        if entry.capacity is not None:
+            info.stats.CopyFrom(worker_stats_to_proto(entry.capacity))
         return info
 
+    @maps_errors
     async def ListWorkers(  # noqa: N802
         self, request: control_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.ListWorkersResponse:
@@ -182,27 +155,24 @@ class ControlService(control_pb2_grpc.ControlServicer):
             workers=[self._worker_info(e) for e in self._registry]
         )
 
+    @maps_errors
     async def RegisterWorker(  # noqa: N802
         self, request: control_pb2.RegisterWorkerRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.RegisterWorkerResponse:
         try:
-            try:
-                check_address(request.address)
-                if request.daemon_address:
-                    check_address(request.daemon_address)
-            except ValueError as exc:
-                raise InvalidRequest(str(exc)) from exc
-            role = (
-                WorkerRole.STANDBY
-                if request.role == control_pb2.WORKER_ROLE_STANDBY
-                else WorkerRole.ACTIVE
-            )
-            entry, known = self._registry.add(
-                request.address, role, request.worker_id, request.daemon_address
-            )
-        except Exception as exc:
-            await abort_with(context, exc)
-            raise
+            check_address(request.address)
+            if request.daemon_address:
+                check_address(request.daemon_address)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        role = (
+            WorkerRole.STANDBY
+            if request.role == control_pb2.WORKER_ROLE_STANDBY
+            else WorkerRole.ACTIVE
+        )
+        entry, known = self._registry.add(
+            request.address, role, request.worker_id, request.daemon_address
+        )
         self._migrations.watch(entry)
         if not known:
             self._on_registered(entry)
@@ -210,47 +180,42 @@ class ControlService(control_pb2_grpc.ControlServicer):
             worker_id=entry.worker_id, already_registered=known
         )
 
+    @maps_errors
     async def Drain(  # noqa: N802
         self, request: control_pb2.DrainWorkerRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.DrainWorkerResponse:
-        try:
-            entry = self._registry.find(request.worker_id)
-            self._registry.request_drain(entry)
-            in_flight = await entry.client.drain(request.grace_seconds)
-        except Exception as exc:
-            await abort_with(context, exc)
-            raise
+        entry = self._registry.find(request.worker_id)
+        self._registry.request_drain(entry)
+        in_flight = await entry.client.drain(request.grace_seconds)
         return control_pb2.DrainWorkerResponse(in_flight=in_flight)
 
+    @maps_errors
     async def InjectNotice(  # noqa: N802
         self, request: control_pb2.InjectNoticeRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.InjectNoticeResponse:
         """For drills: the notice a cloud would give. The worker leaves routing at once; its
         daemon (when registered, and when the failover policy moves paused requests) flushes
         it by the deadline, and its requests migrate (see migration.py)."""
-        try:
-            entry = self._registry.find(request.worker_id)
-            grace = request.grace_seconds or NOTICE_SECONDS_BY_CLOUD.get(
-                request.cloud, NOTICE_DEFAULT_GRACE_SECONDS
+        entry = self._registry.find(request.worker_id)
+        grace = request.grace_seconds or NOTICE_SECONDS_BY_CLOUD.get(
+            request.cloud, NOTICE_DEFAULT_GRACE_SECONDS
+        )
+        if request.kind == control_pb2.NOTICE_KIND_REBALANCE:
+            log.info("rebalance hint for %s: nothing moves yet", entry.worker_id)
+            deadline_unix = time.time() + grace
+        else:
+            deadline_unix = self._migrations.inject(
+                entry, grace, flush=self._failover.acts_on_notice
             )
-            if request.kind == control_pb2.NOTICE_KIND_REBALANCE:
-                log.info("rebalance hint for %s: nothing moves yet", entry.worker_id)
-                deadline_unix = time.time() + grace
-            else:
-                deadline_unix = self._migrations.inject(
-                    entry, grace, flush=self._failover.acts_on_notice
-                )
-        except Exception as exc:
-            await abort_with(context, exc)
-            raise
         return control_pb2.InjectNoticeResponse(deadline_unix=deadline_unix)
 
+    @maps_errors
     async def ClusterStatus(  # noqa: N802
         self, request: control_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.ClusterStatusResponse:
         queues = [
             control_pb2.QueueStatus(
-                sla_class=_SLA_TO_PROTO[sla],
+                sla_class=sla_to_proto(sla),
                 depth=self._admission.depth(sla),
                 capacity=self._admission.capacity(sla),
                 running=self._admission.running(sla),

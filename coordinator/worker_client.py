@@ -9,47 +9,22 @@ request itself (INVALID_ARGUMENT) becomes `InvalidRequest` for the client.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
+from common.errors import InvalidRequest
+from common.messages import PrefetchResult, WorkerCapacity
+from common.requests import GenerationRequest, TokenChunk
 from coordinator.constants import ABORT_TIMEOUT_SECONDS, STATS_TIMEOUT_SECONDS
 from coordinator.errors import NothingPersisted, WorkerStreamBroken
-from protos.convert import chunk_from_proto, sampling_to_proto
+from protos.convert import (
+    chunk_from_proto,
+    prefetch_result_from_proto,
+    request_to_proto,
+    worker_stats_from_proto,
+)
 from protos.spotinfer.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from spotinfer.requests import GenerationRequest, SlaClass, TokenChunk
-from spotinfer.validation import InvalidRequest
-
-
-@dataclass(frozen=True)
-class WorkerCapacity:
-    """One heartbeat: what a worker reported in its last Stats."""
-
-    worker_id: str
-    ready: bool
-    draining: bool
-    degraded: bool
-    running_seqs: int
-    waiting_seqs: int
-    kv_blocks_total: int
-    kv_blocks_free: int
-    kv_block_tokens: int
-    max_num_seqs: int
-    max_model_len: int
-    model: str
-    tokens_per_second: float
-
-
-@dataclass(frozen=True)
-class PrefetchResult:
-    """One migration stage on a target worker (Worker.Prefetch)."""
-
-    staged_blocks: int
-    new_blocks: int
-    staged_bytes: int
-    context_tokens: int
-    finished: bool
 
 
 class PrefetchRefused(RuntimeError):
@@ -114,34 +89,10 @@ class WorkerClient:
     async def stats(self) -> WorkerCapacity:
         """Raises grpc.aio.AioRpcError when the worker does not answer in time."""
         msg = await self._stub.Stats(worker_pb2.StatsRequest(), timeout=STATS_TIMEOUT_SECONDS)
-        return WorkerCapacity(
-            worker_id=msg.worker_id,
-            ready=msg.ready,
-            draining=msg.draining,
-            degraded=msg.degraded,
-            running_seqs=msg.running_seqs,
-            waiting_seqs=msg.waiting_seqs,
-            kv_blocks_total=msg.kv_blocks_total,
-            kv_blocks_free=msg.kv_blocks_free,
-            kv_block_tokens=msg.kv_block_tokens,
-            max_num_seqs=msg.max_num_seqs,
-            max_model_len=msg.max_model_len,
-            model=msg.model,
-            tokens_per_second=msg.tokens_per_second,
-        )
+        return worker_stats_from_proto(msg)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
-        msg = common_pb2.GenerateRequest(
-            request_id=request.request_id,
-            prompt_token_ids=list(request.prompt_token_ids),
-            sampling=sampling_to_proto(request.sampling),
-            sla_class=(
-                common_pb2.SLA_CLASS_BATCH
-                if request.sla_class == SlaClass.BATCH
-                else common_pb2.SLA_CLASS_INTERACTIVE
-            ),
-        )
-        return self._follow(self._stub.Generate(msg))
+        return self._follow(self._stub.Generate(request_to_proto(request)))
 
     def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
         """Worker.Resume: the rest of a request from its persisted state, from ``from_index``.
@@ -189,13 +140,7 @@ class WorkerClient:
             )
         except grpc.aio.AioRpcError as exc:
             raise PrefetchRefused(f"{exc.code().name}: {exc.details()}") from exc
-        return PrefetchResult(
-            staged_blocks=msg.staged_blocks,
-            new_blocks=msg.new_blocks,
-            staged_bytes=msg.staged_bytes,
-            context_tokens=msg.context_tokens,
-            finished=msg.finished,
-        )
+        return prefetch_result_from_proto(msg)
 
     async def drop_prefetch(self, request_id: str) -> int:
         """Frees what a stage staged here (an aborted handshake); best effort: 0 on error."""

@@ -1,13 +1,23 @@
-"""Conversions between `spotinfer.v1` messages and the dataclasses of `spotinfer.requests`.
+"""Conversions between `spotinfer.v1` messages and the dataclasses of `common` (the only
+place they are written).
 
-Only the `server.py` of each process (and the clients) call these: inside, code never sees a
-proto message.
+Only the edges of each process (its `server.py`, and the clients of other processes) call
+these: inside, code never sees a proto message.
 """
 
 from __future__ import annotations
 
-from protos.spotinfer.v1 import common_pb2
-from spotinfer.requests import Event, EventKind, FinishReason, Sampling, SlaClass, TokenChunk
+from common.messages import FlushReport, NoticeEvent, PrefetchResult, WorkerCapacity
+from common.requests import (
+    Event,
+    EventKind,
+    FinishReason,
+    GenerationRequest,
+    Sampling,
+    SlaClass,
+    TokenChunk,
+)
+from protos.spotinfer.v1 import common_pb2, daemon_pb2, worker_pb2
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> Sampling:
@@ -39,6 +49,20 @@ def sampling_to_proto(sampling: Sampling) -> common_pb2.SamplingParams:
 
 def sla_from_proto(value: int) -> SlaClass:
     return SlaClass.BATCH if value == common_pb2.SLA_CLASS_BATCH else SlaClass.INTERACTIVE
+
+
+def sla_to_proto(sla: SlaClass) -> common_pb2.SlaClass.ValueType:
+    return common_pb2.SLA_CLASS_BATCH if sla == SlaClass.BATCH else common_pb2.SLA_CLASS_INTERACTIVE
+
+
+def request_to_proto(request: GenerationRequest) -> common_pb2.GenerateRequest:
+    """A request whose prompt is token ids (text prompts are tokenized at the edge)."""
+    return common_pb2.GenerateRequest(
+        request_id=request.request_id,
+        prompt_token_ids=list(request.prompt_token_ids),
+        sampling=sampling_to_proto(request.sampling),
+        sla_class=sla_to_proto(request.sla_class),
+    )
 
 
 def event_to_proto(event: Event) -> common_pb2.Event:
@@ -86,4 +110,113 @@ def chunk_from_proto(msg: common_pb2.GenerateResponse) -> TokenChunk:
         finish_reason=FinishReason(msg.finish_reason),
         event=event_from_proto(msg.event) if msg.HasField("event") else None,
         worker_id=msg.worker_id,
+    )
+
+
+def flush_report_to_proto(report: FlushReport) -> daemon_pb2.FlushProgress:
+    return daemon_pb2.FlushProgress(
+        request_id=report.request_id,
+        complete=report.complete,
+        committed_tokens=report.committed_tokens,
+        persisted_blocks=report.persisted_blocks,
+        tail_persisted=report.tail_persisted,
+        context_tokens=report.context_tokens,
+        worker_id=report.worker_id,
+    )
+
+
+def flush_report_from_proto(msg: daemon_pb2.FlushProgress) -> FlushReport:
+    return FlushReport(
+        request_id=msg.request_id,
+        complete=msg.complete,
+        committed_tokens=msg.committed_tokens,
+        persisted_blocks=msg.persisted_blocks,
+        tail_persisted=msg.tail_persisted,
+        context_tokens=msg.context_tokens,
+        worker_id=msg.worker_id,
+    )
+
+
+def notice_event_to_proto(event: NoticeEvent) -> daemon_pb2.NoticeEvent:
+    msg = daemon_pb2.NoticeEvent(
+        source=event.source,
+        action=event.action,
+        deadline_unix=event.deadline_unix,
+        received_unix=event.received_unix,
+        daemon_id=event.daemon_id,
+    )
+    if event.flush is not None:
+        msg.flush.CopyFrom(flush_report_to_proto(event.flush))
+    return msg
+
+
+def notice_event_from_proto(msg: daemon_pb2.NoticeEvent) -> NoticeEvent:
+    return NoticeEvent(
+        source=msg.source,
+        action=msg.action,
+        deadline_unix=msg.deadline_unix,
+        received_unix=msg.received_unix,
+        daemon_id=msg.daemon_id,
+        flush=flush_report_from_proto(msg.flush) if msg.HasField("flush") else None,
+    )
+
+
+def worker_stats_to_proto(stats: WorkerCapacity) -> worker_pb2.WorkerStats:
+    return worker_pb2.WorkerStats(
+        worker_id=stats.worker_id,
+        ready=stats.ready,
+        draining=stats.draining,
+        degraded=stats.degraded,
+        running_seqs=stats.running_seqs,
+        waiting_seqs=stats.waiting_seqs,
+        kv_blocks_total=stats.kv_blocks_total,
+        kv_blocks_used=stats.kv_blocks_used,
+        kv_blocks_free=stats.kv_blocks_free,
+        kv_block_tokens=stats.kv_block_tokens,
+        tokens_per_second=stats.tokens_per_second,
+        max_num_seqs=stats.max_num_seqs,
+        max_model_len=stats.max_model_len,
+        model=stats.model,
+        generated_tokens_total=stats.generated_tokens_total,
+        requests_total=stats.requests_total,
+    )
+
+
+def worker_stats_from_proto(msg: worker_pb2.WorkerStats) -> WorkerCapacity:
+    return WorkerCapacity(
+        worker_id=msg.worker_id,
+        ready=msg.ready,
+        draining=msg.draining,
+        degraded=msg.degraded,
+        running_seqs=msg.running_seqs,
+        waiting_seqs=msg.waiting_seqs,
+        kv_blocks_total=msg.kv_blocks_total,
+        kv_blocks_free=msg.kv_blocks_free,
+        kv_block_tokens=msg.kv_block_tokens,
+        max_num_seqs=msg.max_num_seqs,
+        max_model_len=msg.max_model_len,
+        model=msg.model,
+        tokens_per_second=msg.tokens_per_second,
+        generated_tokens_total=msg.generated_tokens_total,
+        requests_total=msg.requests_total,
+    )
+
+
+def prefetch_result_to_proto(result: PrefetchResult) -> worker_pb2.PrefetchResponse:
+    return worker_pb2.PrefetchResponse(
+        staged_blocks=result.staged_blocks,
+        new_blocks=result.new_blocks,
+        staged_bytes=result.staged_bytes,
+        context_tokens=result.context_tokens,
+        finished=result.finished,
+    )
+
+
+def prefetch_result_from_proto(msg: worker_pb2.PrefetchResponse) -> PrefetchResult:
+    return PrefetchResult(
+        staged_blocks=msg.staged_blocks,
+        new_blocks=msg.new_blocks,
+        staged_bytes=msg.staged_bytes,
+        context_tokens=msg.context_tokens,
+        finished=msg.finished,
     )

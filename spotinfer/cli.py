@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from spotinfer.errors import UserError
+from common.errors import UserError
 
 COMMAND_MODULES = (
     "spotinfer.commands.model",

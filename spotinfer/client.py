@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from protos.convert import chunk_from_proto, sampling_to_proto
+from common.requests import RequestOutput, Sampling, SlaClass, TokenChunk
+from protos.convert import chunk_from_proto, sampling_to_proto, sla_to_proto
 from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from spotinfer.requests import RequestOutput, Sampling, SlaClass, TokenChunk
 
 RETRYABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
@@ -87,7 +87,7 @@ class Client:
         message = common_pb2.GenerateRequest(
             request_id=request_id,
             sampling=sampling_to_proto(sampling),
-            sla_class=int(sla_class),  # type: ignore[arg-type]
+            sla_class=sla_to_proto(sla_class),
         )
         if isinstance(prompt, str):
             message.prompt = prompt

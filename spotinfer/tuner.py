@@ -13,7 +13,6 @@ most throughput among the points that meet the class's latency targets.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -22,11 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from spotinfer.energy import EnergyMeter
+from common.tuning_file import TUNING_FILE_VERSION
 from spotinfer.loadgen import LoadSpec, LoadSummary, plan_requests, run_load, summarize
+from worker.energy import EnergyMeter
 
 STATS_SAMPLE_SECONDS = 0.2
-TUNING_FILE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -243,18 +242,6 @@ def tuning_file(choices: list[Choice], model: str) -> dict[str, Any]:
         "worker": {"max_num_seqs": max(chosen)} if chosen else {},
         "classes": classes,
     }
-
-
-def load_tuning_file(path: Path) -> dict[str, Any]:
-    """Reads and checks a file written by `spotinfer tune --apply`."""
-    data: dict[str, Any] = json.loads(path.read_text())
-    if data.get("version") != TUNING_FILE_VERSION:
-        raise ValueError(f"{path}: unsupported tuning file version {data.get('version')!r}")
-    for name, entry in data.get("classes", {}).items():
-        seqs = entry.get("max_num_seqs")
-        if not isinstance(seqs, int) or seqs < 1:
-            raise ValueError(f"{path}: class {name!r} needs a positive max_num_seqs")
-    return data
 
 
 def plot(points: list[SweepPoint], choices: list[Choice], out: Path, model: str) -> Path:

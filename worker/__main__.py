@@ -4,7 +4,7 @@ import argparse
 import logging
 import sys
 
-from spotinfer.errors import UserError
+from common.errors import UserError
 from worker.main import add_arguments, run
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ WARM_REQUEST_SUFFIX = ".warm"
 # itself (what it did before the warm-up existed).
 WARM_TIMEOUT_SECONDS = 5.0
 # What the connector assumes of the link to Redis when it orders a paused request's writes
-# (the order does not depend on the rate; see context_daemon/flush_planner.py).
+# (the order does not depend on the rate; see worker/flush_planner.py).
 FLUSH_ASSUMED_BYTES_PER_SECOND = 200e6
 FLUSH_ASSUMED_ROUND_TRIP_SECONDS = 0.0005
 # A preempt flush polls Redis this often to learn which paused requests are complete (the
@@ -66,3 +66,6 @@ PAUSED_DETAIL = "paused for migration"
 # Bytes of each weights file that go into the model fingerprint: enough to tell two
 # checkpoints apart without reading gigabytes at every start.
 FINGERPRINT_WEIGHT_BYTES = 1024 * 1024
+# Flush planner: bytes a committed token costs on the wire besides its id (command framing,
+# key, script args), amortised: tokens are tiny next to KV, which is why they always go first.
+TOKEN_WIRE_BYTES = 16

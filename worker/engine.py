@@ -33,11 +33,17 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from context_daemon.store import RedisStore
-from spotinfer.requests import GenerationRequest, TokenChunk
-from spotinfer.validation import Limits
+from common.requests import (
+    GenerationRequest,
+    TokenChunk,
+)
+from common.validation import Limits
+from store import RedisStore
 from worker.config import WorkerConfig
-from worker.constants import PERSIST_RETRY_SECONDS, STAGING_STALE_SECONDS
+from worker.constants import (
+    PERSIST_RETRY_SECONDS,
+    STAGING_STALE_SECONDS,
+)
 from worker.engine_builder import EngineBuilder, EngineShape
 from worker.engine_context import EngineContext
 from worker.engine_stats import EngineSnapshot, EngineStats
@@ -165,7 +171,7 @@ class Engine:
         return tuple(self._ctx.llm.tokenizer.encode(text))
 
     def validate(self, request: GenerationRequest) -> None:
-        """Raises InvalidRequest with a readable message; see `spotinfer.validation`."""
+        """Raises InvalidRequest with a readable message; see `common.validation`."""
         self._streams.validate(request)
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:

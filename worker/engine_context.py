@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from context_daemon.store import RedisStore
-from spotinfer.validation import Limits
+from common.validation import Limits
+from store import RedisStore
 from worker.config import WorkerConfig
 from worker.engine_builder import EngineShape
 from worker.errors import EngineNotReady

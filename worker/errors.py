@@ -1,6 +1,8 @@
-"""Typed errors of the worker; `worker/server.py` maps each to one gRPC status."""
+"""Typed errors of the worker; each carries its gRPC and HTTP status (see `common.errors`)."""
 
-from spotinfer.validation import InvalidRequest
+import grpc
+
+from common.errors import InvalidRequest, ServiceError
 
 __all__ = [
     "CannotResume",
@@ -13,23 +15,39 @@ __all__ = [
 ]
 
 
-class EngineNotReady(RuntimeError):
+class EngineNotReady(ServiceError, RuntimeError):
     """The engine is still loading (or failed to load); maps to UNAVAILABLE."""
 
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    http_type = "service_unavailable"
 
-class WorkerDraining(RuntimeError):
+
+class WorkerDraining(ServiceError, RuntimeError):
     """The worker stopped admitting requests; maps to UNAVAILABLE."""
 
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    http_type = "service_unavailable"
 
-class RequestNotFound(KeyError):
+
+class RequestNotFound(ServiceError, KeyError):
     """No in-flight request has that id; maps to NOT_FOUND."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+    http_type = "not_found_error"
 
     def __str__(self) -> str:
         return f"no request with id {self.args[0]!r} on this worker"
 
 
-class DuplicateRequest(RuntimeError):
+class DuplicateRequest(ServiceError, RuntimeError):
     """A request with that id is already running here; maps to ALREADY_EXISTS."""
+
+    grpc_code = grpc.StatusCode.ALREADY_EXISTS
+    http_status = 409
+    http_type = "invalid_request_error"
 
 
 class RecordNotFound(RequestNotFound):
@@ -40,6 +58,10 @@ class RecordNotFound(RequestNotFound):
         return f"no persisted state for request {self.args[0]!r}"
 
 
-class CannotResume(RuntimeError):
+class CannotResume(ServiceError, RuntimeError):
     """Resume is refused for a reason the caller must fix first (the request already ended,
     another model wrote it, or this worker has no store); maps to FAILED_PRECONDITION."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    http_status = 409
+    http_type = "invalid_request_error"

@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from context_daemon.store import RedisStore, RequestStatus, block_hashes, tail_hash
-from context_daemon.store.redis_store import RequestView
+from common.messages import FlushReport
+from store import RedisStore, RequestStatus, block_hashes, tail_hash
+from store.redis_store import RequestView
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,18 @@ class FlushState:
     tail_persisted: bool
     """The partial tail is stored for exactly the right tokens, or none is needed."""
     complete: bool
+
+    def report(self, worker_id: str) -> FlushReport:
+        """The message the worker streams to its daemon for this request."""
+        return FlushReport(
+            request_id=self.request_id,
+            complete=self.complete,
+            committed_tokens=self.committed_tokens,
+            persisted_blocks=self.persisted_blocks,
+            tail_persisted=self.tail_persisted,
+            context_tokens=self.context_tokens,
+            worker_id=worker_id,
+        )
 
 
 def read_flush_state(

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from context_daemon.store import (
+from store import (
     BlockWrite,
     CommitOutcome,
     ConflictReason,
@@ -44,7 +44,7 @@ from context_daemon.store import (
     StoreUnavailable,
     TokenCommit,
 )
-from context_daemon.store.block_codec import EncodedBlock, header_bytes, seal_block
+from store.block_codec import EncodedBlock, header_bytes, seal_block
 from worker.constants import (
     FLUSH_RETRY_INTERVAL_SECONDS,
     FLUSH_RETRY_SECONDS,

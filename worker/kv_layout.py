@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from context_daemon.store import KVFormat
-from context_daemon.store.block_codec import Buffer
+from store import KVFormat
+from store.block_codec import Buffer
 
 
 def attention_spec(kv_cache_config: Any) -> Any:

@@ -34,15 +34,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
+from common.errors import ServiceError
+
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".blk"
 _SHARED_MEMORY = Path("/dev/shm")
 
 
-class StagingFull(RuntimeError):
+class StagingFull(ServiceError, RuntimeError):
     """The staging budget (or the filesystem under it) has no room; maps to
     RESOURCE_EXHAUSTED: the target refuses the handshake."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+    http_type = "rate_limit_error"
 
 
 def default_staging_root(worker_id: str) -> Path:

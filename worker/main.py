@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import dataclasses
 
-from spotinfer.errors import UserError
+from common.errors import UserError
+from common.tuning_file import load_tuning_file
 from worker.config import WorkerConfig
 
 
@@ -22,8 +23,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = WorkerConfig.from_args(args)
         if config.tuning_file and getattr(args, "max_num_seqs", None) is None:
-            from spotinfer.tuner import load_tuning_file
-
             tuned = load_tuning_file(Path(config.tuning_file)).get("worker", {})
             if "max_num_seqs" in tuned:
                 config = dataclasses.replace(config, max_num_seqs=int(tuned["max_num_seqs"]))

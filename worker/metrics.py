@@ -12,7 +12,7 @@ Where each number comes from::
                                                  energy (meter reading / generated tokens)
 
 Energy per token carries its source as a label: ``nvml`` is the GPU's energy counter, a
-measurement; ``cpu-time-estimate`` is the model documented in `spotinfer.energy` (CPU seconds
+measurement; ``cpu-time-estimate`` is the model documented in `worker.energy` (CPU seconds
 of the worker's process tree × watts per busy core), an estimate, and its help text says so.
 """
 
@@ -35,8 +35,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from spotinfer.energy import EnergyMeter, meter_for
-from spotinfer.requests import EventKind, FinishReason, TokenChunk
+from common.requests import EventKind, FinishReason, TokenChunk
+from worker.energy import EnergyMeter, meter_for
 from worker.engine_stats import StepRecord
 
 PREFIX = "spotinfer_worker_"
@@ -306,7 +306,7 @@ class _LiveCollector(Collector):
         kind = "estimate" if reading.is_estimate else "measurement"
         joules = CounterMetricFamily(
             PREFIX + "energy_joules",
-            f"energy since the worker started ({kind}; source {source}, see spotinfer.energy)",
+            f"energy since the worker started ({kind}; source {source}, see worker.energy)",
             labels=["source"],
         )
         joules.add_metric([source], reading.joules)

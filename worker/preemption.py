@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from context_daemon.store import StoreUnavailable
+from store import StoreUnavailable
 from worker.boundary_abort import abort_at_step_boundary
 from worker.constants import (
     DEFAULT_PREEMPT_GRACE_SECONDS,

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from context_daemon.store import RedisStore, block_hashes
+from common.messages import PrefetchResult
+from store import RedisStore, block_hashes
 from worker.kv_staging import StagingArea
 from worker.resume_point import read_stored_point
 
 
 @dataclass(frozen=True)
-class PrefetchOutcome:
-    staged_blocks: int  # of the request, all stages so far
-    new_blocks: int  # staged by this call
-    staged_bytes: int
-    context_tokens: int
-    finished: bool  # the request ended: nothing is staged for it any more
+class PrefetchOutcome(PrefetchResult):
+    """What the worker answers its coordinator, and what it keeps for the resume."""
+
     staged_prefix: tuple[int, ...] = ()
     """The tokens whose KV the staged blocks hold (the leading full blocks of the context)."""
 

@@ -7,29 +7,13 @@ record (prompt, sampling, fingerprint) + committed tokens [0, n)
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from context_daemon.store import RequestNotFound as StoreRequestNotFound
-from context_daemon.store import RequestRecord, RequestStore
-from spotinfer.requests import Sampling
+from common.requests import Sampling
+from store import RequestNotFound as StoreRequestNotFound
+from store import RequestRecord, RequestStore
+from store.request_record import sampling_from_record
 from worker.errors import CannotResume, RecordNotFound
-
-
-def sampling_to_record(sampling: Sampling) -> dict[str, Any]:
-    """Sampling as the JSON mapping the request record keeps."""
-    values = dataclasses.asdict(sampling)
-    values["stop"] = list(sampling.stop)
-    return values
-
-
-def sampling_from_record(values: Mapping[str, Any]) -> Sampling:
-    known = {f.name for f in dataclasses.fields(Sampling)}
-    kwargs = {name: value for name, value in values.items() if name in known}
-    kwargs["stop"] = tuple(kwargs.get("stop", ()))
-    return Sampling(**kwargs)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncGenerator
 
-from context_daemon.store import RequestStatus
-from spotinfer.requests import (
+from common.requests import (
     Event,
     EventKind,
     FinishReason,
@@ -25,6 +24,7 @@ from spotinfer.requests import (
     Sampling,
     TokenChunk,
 )
+from store import RequestStatus
 from worker.constants import (
     KV_PARAM_FIRST_INDEX,
     KV_PARAM_REQUEST_ID,

@@ -17,30 +17,28 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from context_daemon.store import RedisStore, StoreUnavailable
-from protos.convert import chunk_to_proto, sampling_from_proto, sla_from_proto
+from common.messages import WorkerCapacity
+from common.requests import GenerationRequest
+from common.rpc import add_health_and_reflection, maps_errors, server_options, set_serving
+from common.validation import check_prompt_choice, check_request_id
+from protos.convert import (
+    chunk_to_proto,
+    flush_report_to_proto,
+    prefetch_result_to_proto,
+    sampling_from_proto,
+    sla_from_proto,
+    worker_stats_to_proto,
+)
 from protos.spotinfer.v1 import common_pb2, daemon_pb2, worker_pb2, worker_pb2_grpc
-from spotinfer.requests import GenerationRequest
-from spotinfer.rpc import abort_with, add_health_and_reflection, server_options, set_serving
-from spotinfer.validation import check_prompt_choice, check_request_id
+from store import RedisStore
 from worker.config import WorkerConfig
 from worker.constants import SERVER_STOP_GRACE_SECONDS
-from worker.engine import Engine
-from worker.errors import CannotResume
-from worker.flush_state import FlushState
-from worker.kv_staging import StagingFull
+from worker.engine import Engine, WorkerStatus
 from worker.metrics import LiveNumbers, WorkerMetrics
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-
-# Errors only Resume and Prefetch raise, beside the shared table of `spotinfer.rpc.status_for`.
-_RESUME_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
-    (CannotResume, grpc.StatusCode.FAILED_PRECONDITION),
-    (StagingFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
-)
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -69,6 +67,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             sla_class=sla_from_proto(msg.sla_class),
         )
 
+    @maps_errors
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: common_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
@@ -79,13 +78,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 async for chunk in chunks:
                     timer.see(chunk)
                     yield chunk_to_proto(chunk)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:  # mapped to a status in one place
-            await abort_with(context, exc)
         finally:
             timer.finish()
 
+    @maps_errors
     async def Resume(  # noqa: N802
         self, request: worker_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
@@ -98,49 +94,34 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 async for chunk in chunks:
                     timer.see(chunk)
                     yield chunk_to_proto(chunk)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:
-            await _abort_resume(context, exc)
         finally:
             timer.finish()
 
+    @maps_errors
     async def Prefetch(  # noqa: N802
         self, request: worker_pb2.PrefetchRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PrefetchResponse:
-        try:
-            check_request_id(request.request_id)
-            outcome = await self._engine.prefetch(request.request_id)
-        except Exception as exc:
-            await _abort_resume(context, exc)
-        return worker_pb2.PrefetchResponse(
-            staged_blocks=outcome.staged_blocks,
-            new_blocks=outcome.new_blocks,
-            staged_bytes=outcome.staged_bytes,
-            context_tokens=outcome.context_tokens,
-            finished=outcome.finished,
-        )
+        check_request_id(request.request_id)
+        outcome = await self._engine.prefetch(request.request_id)
+        return prefetch_result_to_proto(outcome)
 
+    @maps_errors
     async def DropPrefetch(  # noqa: N802
         self, request: worker_pb2.DropPrefetchRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.DropPrefetchResponse:
-        try:
-            check_request_id(request.request_id)
-        except Exception as exc:
-            await abort_with(context, exc)
+        check_request_id(request.request_id)
         return worker_pb2.DropPrefetchResponse(
             dropped_blocks=self._engine.drop_prefetch(request.request_id)
         )
 
+    @maps_errors
     async def Abort(  # noqa: N802
         self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.AbortResponse:
-        try:
-            await self._engine.abort(request.request_id)
-        except Exception as exc:
-            await abort_with(context, exc)
+        await self._engine.abort(request.request_id)
         return worker_pb2.AbortResponse(aborted=True)
 
+    @maps_errors
     async def Drain(  # noqa: N802
         self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.DrainResponse:
@@ -150,63 +131,45 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         asyncio.get_running_loop().create_task(self._engine.drain(request.grace_seconds))
         return worker_pb2.DrainResponse(in_flight=in_flight)
 
+    @maps_errors
     async def Preempt(  # noqa: N802
         self, request: worker_pb2.PreemptRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[daemon_pb2.FlushProgress]:
         if self._set_health is not None:
             await self._set_health(False)
         self._metrics.preempted(self._engine.in_flight)
-        try:
-            async for state in self._engine.preempt(request.deadline_unix):
-                yield flush_progress_to_proto(state, self._engine.config.worker_id)
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception as exc:
-            await abort_with(context, exc)
+        worker_id = self._engine.config.worker_id
+        async for state in self._engine.preempt(request.deadline_unix):
+            yield flush_report_to_proto(state.report(worker_id))
 
+    @maps_errors
     async def Stats(  # noqa: N802
         self, request: worker_pb2.StatsRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.WorkerStats:
-        status = self._engine.status()
-        msg = worker_pb2.WorkerStats(
-            worker_id=status.worker_id,
-            ready=status.ready,
-            draining=status.draining,
-            running_seqs=status.engine.running_seqs,
-            waiting_seqs=status.engine.waiting_seqs,
-            tokens_per_second=status.engine.tokens_per_second,
-            generated_tokens_total=status.engine.generated_tokens_total,
-            requests_total=status.requests_total,
-            model=self._engine.config.model,
-            degraded=status.degraded,
-        )
-        if status.shape is not None:
-            used = round(status.engine.kv_cache_usage * status.shape.kv_blocks_total)
-            msg.kv_blocks_total = status.shape.kv_blocks_total
-            msg.kv_blocks_used = used
-            msg.kv_blocks_free = status.shape.kv_blocks_total - used
-            msg.kv_block_tokens = status.shape.kv_block_tokens
-            msg.max_num_seqs = status.shape.max_num_seqs
-            msg.max_model_len = status.shape.max_model_len
-        return msg
+        return worker_stats_to_proto(capacity(self._engine.status(), self._engine.config.model))
 
 
-async def _abort_resume(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    for error_type, code in _RESUME_STATUS:
-        if isinstance(exc, error_type):
-            await context.abort(code, str(exc))
-    await abort_with(context, exc)
-
-
-def flush_progress_to_proto(state: FlushState, worker_id: str) -> daemon_pb2.FlushProgress:
-    return daemon_pb2.FlushProgress(
-        request_id=state.request_id,
-        complete=state.complete,
-        committed_tokens=state.committed_tokens,
-        persisted_blocks=state.persisted_blocks,
-        tail_persisted=state.tail_persisted,
-        context_tokens=state.context_tokens,
-        worker_id=worker_id,
+def capacity(status: WorkerStatus, model: str) -> WorkerCapacity:
+    """The engine's status as the Stats message reports it."""
+    shape = status.shape
+    total = shape.kv_blocks_total if shape is not None else 0
+    used = round(status.engine.kv_cache_usage * total)
+    return WorkerCapacity(
+        worker_id=status.worker_id,
+        ready=status.ready,
+        draining=status.draining,
+        degraded=status.degraded,
+        running_seqs=status.engine.running_seqs,
+        waiting_seqs=status.engine.waiting_seqs,
+        kv_blocks_total=total,
+        kv_blocks_free=total - used,
+        kv_block_tokens=shape.kv_block_tokens if shape is not None else 0,
+        max_num_seqs=shape.max_num_seqs if shape is not None else 0,
+        max_model_len=shape.max_model_len if shape is not None else 0,
+        model=model,
+        tokens_per_second=status.engine.tokens_per_second,
+        generated_tokens_total=status.engine.generated_tokens_total,
+        requests_total=status.requests_total,
     )
 
 

@@ -59,10 +59,21 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from context_daemon.store import RedisStore
-from worker.constants import SPOT_CONNECTOR_CLASS, SPOT_CONNECTOR_MODULE
-from worker.kv_layout import geometry_for, kv_format_for
-from worker.persist_stats import PersistStats, persist_stats_from
+from store import (
+    RedisStore,
+)
+from worker.constants import (
+    SPOT_CONNECTOR_CLASS,
+    SPOT_CONNECTOR_MODULE,
+)
+from worker.kv_layout import (
+    geometry_for,
+    kv_format_for,
+)
+from worker.persist_stats import (
+    PersistStats,
+    persist_stats_from,
+)
 from worker.spot_connector_metadata import SpotConnectorMetadata
 from worker.spot_connector_scheduler import SpotConnectorScheduler
 from worker.spot_connector_worker import SpotConnectorWorker

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-from context_daemon.store import TokenCommit
-from context_daemon.store.block_codec import Buffer
+from store import TokenCommit
+from store.block_codec import Buffer
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from context_daemon.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
-from context_daemon.store import (
+from store import (
     BlockRejected,
     KVBlock,
     KVFormat,
@@ -27,8 +26,8 @@ from context_daemon.store import (
     block_reads,
     tail_hash,
 )
-from context_daemon.store.block_codec import decode_block
-from context_daemon.store.block_refs import BlockRead
+from store.block_codec import decode_block
+from store.block_refs import BlockRead
 from worker.constants import (
     FLUSH_ASSUMED_BYTES_PER_SECOND,
     FLUSH_ASSUMED_ROUND_TRIP_SECONDS,
@@ -37,6 +36,7 @@ from worker.constants import (
     KV_PARAM_RESUME,
     KV_PARAM_WARM,
 )
+from worker.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
 from worker.kv_staging import read_staged
 from worker.spot_connector_metadata import BlockLoad, BlockSave, SpotConnectorMetadata
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from context_daemon.store import KVFormat, RedisStore
-from context_daemon.store.block_codec import header_bytes
+from store import KVFormat, RedisStore
+from store.block_codec import header_bytes
 from worker.constants import KV_WRITE_QUEUE_BLOCKS
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
 from worker.kv_layout import BlockGeometry, check_tensors, copy_block, layer_names, load_block

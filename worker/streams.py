@@ -15,9 +15,10 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from context_daemon.store import RequestRecord, RequestStatus
-from spotinfer.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
-from spotinfer.validation import check_prompt_tokens, check_sampling
+from common.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
+from common.validation import check_prompt_tokens, check_sampling
+from store import RequestRecord, RequestStatus
+from store.request_record import sampling_to_record
 from worker.constants import KV_PARAM_REQUEST_ID, PAUSED_DETAIL
 from worker.engine_context import EngineContext
 from worker.errors import (
@@ -27,7 +28,6 @@ from worker.errors import (
     RequestNotFound,
     WorkerDraining,
 )
-from worker.resume_point import sampling_to_record
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class RequestStreams:
             raise DuplicateRequest(f"request {request_id!r} is already running on this worker")
 
     def validate(self, request: GenerationRequest) -> None:
-        """Raises InvalidRequest with a readable message; see `spotinfer.validation`."""
+        """Raises InvalidRequest with a readable message; see `common.validation`."""
         limits = self._ctx.require_limits()
         check_prompt_tokens(request.prompt_token_ids, limits)
         check_sampling(request.sampling, len(request.prompt_token_ids), limits)

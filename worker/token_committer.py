@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from context_daemon.store import (
+from store import (
     ConflictReason,
     InvalidTransition,
     RequestExists,

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spotinfer.errors import UserError
+from common.errors import UserError
 
 DEMO_PROMPTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spotinfer.errors import UserError
+from common.errors import UserError
 
 CLOUD_CHOICES = ("aws", "gcp", "azure")
 

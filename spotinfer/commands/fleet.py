@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from spotinfer.errors import UserError
+from common.errors import UserError
 from spotinfer.fleet.adapter import Fleet, connect_fleet, fleet_class, registered_clouds
 from spotinfer.fleet.config import AwsFleetConfig, GcpFleetConfig
 from spotinfer.fleet.errors import FleetError

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from spotinfer.errors import UserError
+from common.errors import UserError
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
@@ -44,8 +44,8 @@ def _unreachable(target: str, exc: Any) -> UserError:
 def run_generate(args: argparse.Namespace) -> int:
     import grpc
 
+    from common.requests import Sampling, SlaClass
     from spotinfer.client import Client, ClientConfig
-    from spotinfer.requests import Sampling, SlaClass
 
     targets = tuple(args.target or [DEFAULT_TARGET])
     sampling = Sampling(

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from spotinfer.errors import UserError
+from common.errors import UserError
 
 FETCHABLE_MODELS = ("smollm2-135m",)
 

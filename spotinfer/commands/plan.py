@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from spotinfer.errors import UserError
+from common.errors import UserError
 
 BYTES_PER_GIB = 2**30
 

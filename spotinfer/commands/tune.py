@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from spotinfer.errors import UserError
+from common.errors import UserError
 
 
 def register(subparsers: Any) -> None:
@@ -67,7 +67,7 @@ class _Worker:
         return self._process.stub.Stats(worker_pb2.StatsRequest(), timeout=5)
 
     def energy_meter(self) -> Any:
-        from spotinfer.energy import meter_for
+        from worker.energy import meter_for
 
         return meter_for(self._process.process.pid, self._watts)
 

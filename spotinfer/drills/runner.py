@@ -184,7 +184,7 @@ def leaked_keys(redis_url: str, request_ids: Sequence[str]) -> int:
     ours that would never expire. Waits a little: finishing is asynchronous."""
     import redis
 
-    from context_daemon.store import keys
+    from store import keys
 
     client = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + LEAK_WAIT_SECONDS

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from spotinfer.drills.report import ClusterEvent
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.metadata_servers import MetadataServer, metadata_server_for
 from spotinfer.local.redis_process import RedisProcess
@@ -115,8 +116,6 @@ class LocalCluster:
         return self
 
     def _start_coordinator(self, port: int | None = None, http_port: int | None = None) -> None:
-        from coordinator.local_process import CoordinatorProcess
-
         flags = (
             *("--model", self.config.model),
             *("--redis-url", self.redis_url),

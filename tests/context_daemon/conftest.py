@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from context_daemon.store import RedisStore, StoreConfig
+from store import RedisStore, StoreConfig
 from tests.support.redis_server import RedisCluster, RedisServer
 
 TEST_STORE_CONFIG = StoreConfig(

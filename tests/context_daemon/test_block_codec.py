@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from context_daemon.store import BlockRejected, KVBlock, KVFormat, RejectReason, block_hashes
-from context_daemon.store.block_codec import chain_hash, decode_block, encode_block, tail_hash
+from store import BlockRejected, KVBlock, KVFormat, RejectReason, block_hashes
+from store.block_codec import chain_hash, decode_block, encode_block, tail_hash
 
 FORMAT = KVFormat(
     model_fingerprint="tiny:1",

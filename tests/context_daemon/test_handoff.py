@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from common.messages import FlushReport
 from context_daemon.config import DaemonConfig
 from context_daemon.daemon import ContextDaemon, Subscribers
 from context_daemon.notices import Notice, NoticeAction
 from context_daemon.notices.file import FileNoticeWatcher
-from context_daemon.worker_link import FlushReport, WorkerLink
+from context_daemon.worker_link import WorkerLink
 
 
 class RecordingLink(WorkerLink):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from context_daemon.store import (
+from store import (
     RedisStore,
     RequestRecord,
     StoreConfig,

@@ -8,7 +8,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from context_daemon.store import (
+from store import (
     BlockRead,
     BlockRejected,
     BlockWrite,
@@ -19,7 +19,7 @@ from context_daemon.store import (
     RequestRecord,
     block_reads,
 )
-from context_daemon.store import keys as store_keys
+from store import keys as store_keys
 
 FORMAT = KVFormat(
     model_fingerprint="tiny-llama:fp32:abc",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from context_daemon.store import (
+from store import (
     ConflictReason,
     InvalidTransition,
     MemoryStore,

@@ -9,7 +9,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from context_daemon.store import (
+from store import (
     CommitConflict,
     ConflictReason,
     InvalidTransition,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from context_daemon.store import RedisStore, RequestStatus, block_reads
+from store import RedisStore, RequestStatus, block_reads
 from tests.context_daemon.test_store_blocks import FORMAT, create, writes_for
 
 

@@ -28,10 +28,10 @@ import grpc
 import pytest
 import redis
 
-from context_daemon.store.keys import schema_pattern
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, process_environment
+from store.keys import schema_pattern
 from tests.coordinator.conftest import greedy, start_coordinator
 from tests.coordinator.streams import offline_reference
 from tests.support.redis_server import RedisServer

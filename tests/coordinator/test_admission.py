@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2, inference_pb2
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy, start_coordinator
 from tests.support.wait import wait_until

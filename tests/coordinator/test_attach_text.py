@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.local_process import CoordinatorProcess
+from common.requests import TokenChunk
 from coordinator.prompt_tokenizer import PromptTokenizer
 from coordinator.relay import slice_chunk
 from protos.spotinfer.v1 import inference_pb2
-from spotinfer.requests import TokenChunk
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy
 
 # Accents and CJK: characters of several bytes, which byte-level tokens split.

@@ -6,8 +6,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from tests.coordinator.conftest import TIMEOUT_SECONDS
 
 PROMPT_IDS = [5, 17, 42, 99]

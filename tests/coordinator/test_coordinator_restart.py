@@ -21,11 +21,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from coordinator.local_process import CoordinatorProcess
+from common.requests import EventKind, FinishReason, Sampling, TokenChunk
 from protos.spotinfer.v1 import control_pb2, inference_pb2
 from spotinfer.client import Client, ClientConfig
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
-from spotinfer.requests import EventKind, FinishReason, Sampling, TokenChunk
 from tests.coordinator.conftest import assemble, greedy, health_of
 from tests.coordinator.streams import STREAM_TIMEOUT_SECONDS, WAIT_SECONDS
 from tests.support.redis_server import RedisServer

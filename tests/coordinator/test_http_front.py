@@ -12,8 +12,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy
 
 PROMPT = "The library opens at nine"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2, control_pb2, daemon_pb2
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from tests.context_daemon.metadata_servers import AwsImds
 from tests.coordinator.conftest import start_coordinator
 from tests.coordinator.streams import (

@@ -10,8 +10,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import control_pb2
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess, free_port
 from tests.coordinator.conftest import (
     TIMEOUT_SECONDS,

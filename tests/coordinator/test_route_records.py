@@ -10,9 +10,9 @@ from functools import partial
 import pytest
 import redis
 
-from context_daemon.store.keys import request_route_key, schema_pattern
-from coordinator.local_process import CoordinatorProcess
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
+from store.keys import request_route_key, schema_pattern
 from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy, start_coordinator
 from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until

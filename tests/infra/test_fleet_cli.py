@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from common.errors import UserError
 from spotinfer.commands import fleet as fleet_command
-from spotinfer.errors import UserError
 
 pytest.importorskip("boto3", reason="boto3 is not installed")
 pytest.importorskip("moto.server", reason="moto[server] is not installed")

@@ -20,8 +20,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2, inference_pb2_grpc, worker_pb2
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import assemble, greedy, start_coordinator
 from tests.metrics.scrape import scrape

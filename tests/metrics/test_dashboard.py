@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from common.requests import FinishReason, SlaClass
 from context_daemon.daemon import DaemonState
 from context_daemon.metrics import DaemonMetrics
 from context_daemon.notices import Notice, NoticeAction
 from coordinator.metrics import CoordinatorMetrics
-from spotinfer.energy import CpuTimeEstimate
-from spotinfer.requests import FinishReason, SlaClass
 from tests.metrics.scrape import parse
+from worker.energy import CpuTimeEstimate
 from worker.metrics import LiveNumbers, WorkerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "grafana" / "spotinfer-dashboard.json"

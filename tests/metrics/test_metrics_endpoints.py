@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.local_process import CoordinatorProcess
 from protos.spotinfer.v1 import common_pb2
+from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import assemble, greedy, start_coordinator

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from context_daemon.store import RedisStore
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.metadata_servers import MetadataServer
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore
 from tests.resume.conftest import MAX_MODEL_LEN
 from tests.support.redis_server import RedisServer
 

@@ -17,10 +17,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from context_daemon.store import RedisStore, RequestStatus
 from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.metadata_servers import AwsImds, GcpMetadata
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore, RequestStatus
 from tests.notice.conftest import Node, start_node
 from tests.notice.events import NoticeSubscriber, iso_utc
 from tests.resume.conftest import BLOCK_TOKENS

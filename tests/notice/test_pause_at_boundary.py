@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from context_daemon.store import RedisStore, RequestStatus
 from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore, RequestStatus
 from tests.metrics.scrape import scrape
 from tests.notice.conftest import worker_flags
 from tests.resume.streams import (

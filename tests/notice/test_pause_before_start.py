@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from context_daemon.store import RedisStore, RequestNotFound, RequestStatus
 from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore, RequestNotFound, RequestStatus
 from tests.notice.conftest import worker_flags
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from context_daemon.store import RedisStore
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore
 from tests.support.redis_server import RedisServer
 
 MAX_MODEL_LEN = 1024

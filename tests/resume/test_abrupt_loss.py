@@ -15,16 +15,16 @@ import grpc
 import pytest
 import redis
 
-from context_daemon.store import (
+from protos.spotinfer.v1 import common_pb2, worker_pb2
+from spotinfer.local.worker_process import WorkerProcess
+from store import (
     RedisStore,
     RequestRecord,
     RequestStatus,
     StoreConfig,
     block_hashes,
 )
-from context_daemon.store.keys import block_key
-from protos.spotinfer.v1 import common_pb2, worker_pb2
-from spotinfer.local.worker_process import WorkerProcess
+from store.keys import block_key
 from tests.resume.conftest import BLOCK_TOKENS, worker_flags
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,

@@ -16,7 +16,9 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from context_daemon.store import (
+from protos.spotinfer.v1 import common_pb2, worker_pb2
+from spotinfer.local.worker_process import WorkerProcess
+from store import (
     RedisStore,
     RequestNotFound,
     RequestRecord,
@@ -24,9 +26,7 @@ from context_daemon.store import (
     StoreConfig,
     block_hashes,
 )
-from context_daemon.store.keys import block_key
-from protos.spotinfer.v1 import common_pb2, worker_pb2
-from spotinfer.local.worker_process import WorkerProcess
+from store.keys import block_key
 from tests.resume.conftest import BLOCK_TOKENS, worker_flags
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,

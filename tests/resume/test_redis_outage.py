@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from context_daemon.store import RedisStore, RequestNotFound
 from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
+from store import RedisStore, RequestNotFound
 from tests.resume.conftest import BLOCK_TOKENS, worker_flags
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from context_daemon.store import (
+from store import (
     RedisStore,
     RequestNotFound,
     RequestRecord,

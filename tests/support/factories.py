@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from context_daemon.store import MemoryStore, RequestStore
+from common.requests import Event, GenerationRequest, Sampling, SlaClass, TokenChunk
 from coordinator.admission import Admission, AdmissionLimits
 from coordinator.dispatcher import Dispatcher
 from coordinator.failover import FailoverPolicy
@@ -28,7 +28,7 @@ from coordinator.request_table import RequestTable
 from coordinator.routing import RoutingPolicy
 from coordinator.standby_pool import StandbyPool
 from coordinator.worker_client import WorkerCapacity
-from spotinfer.requests import Event, GenerationRequest, Sampling, SlaClass, TokenChunk
+from store import MemoryStore, RequestStore
 from tests.support.clock import ManualClock
 from tests.support.fake_worker import Call, FakeDaemon, FakeWorker
 

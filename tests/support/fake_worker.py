@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from common.messages import NoticeEvent
+from common.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
 from context_daemon.worker_link import FlushReport
-from coordinator.daemon_client import DaemonEvent
 from coordinator.errors import NothingPersisted, WorkerStreamBroken
 from coordinator.worker_client import PrefetchRefused, PrefetchResult, WorkerCapacity
-from spotinfer.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
 from tests.support.wait import wait_until_async
 
 TOKEN_BASE = 1000
@@ -227,18 +227,18 @@ class FakeDaemon:
     calls: list[Call] = field(default_factory=list)
     closed: bool = False
     subscribed: asyncio.Event = field(default_factory=asyncio.Event)
-    _events: asyncio.Queue[DaemonEvent] = field(default_factory=asyncio.Queue)
+    _events: asyncio.Queue[NoticeEvent] = field(default_factory=asyncio.Queue)
 
     def notice(self, deadline_unix: float, action: str = "terminate") -> None:
         """A notice on the WatchNotices stream."""
-        self._events.put_nowait(DaemonEvent("fake", action, deadline_unix, None))
+        self._events.put_nowait(NoticeEvent("fake", action, deadline_unix))
 
     async def close(self) -> None:
         self.closed = True
 
     async def watch(
         self, on_subscribed: Callable[[], None] = lambda: None, orchestrates: bool = False
-    ) -> AsyncIterator[DaemonEvent]:
+    ) -> AsyncIterator[NoticeEvent]:
         on_subscribed()
         self.subscribed.set()
         while True:

@@ -23,8 +23,8 @@ import time
 
 import redis
 
-from context_daemon.store import RequestRecord, RequestStatus
-from context_daemon.store.keys import request_blocks_key, request_meta_key
+from store import RequestRecord, RequestStatus
+from store.keys import request_blocks_key, request_meta_key
 
 POLL_SECONDS = 0.005
 # Commands the worker sent just before the stop reach Redis before this read.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from common.requests import Event, EventKind, FinishReason, TokenChunk
 from spotinfer.client import _without_seen_tokens
-from spotinfer.requests import Event, EventKind, FinishReason, TokenChunk
 
 
 def test_overlapping_replay_is_trimmed() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from context_daemon.store import RedisStore, RequestRecord, RequestStatus
+from store import RedisStore, RequestRecord, RequestStatus
 from tests.support.redis_server import RedisServer
 from worker.flush_state import read_flush_state
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from context_daemon.store import (
+from store import (
     KVFormat,
     RedisStore,
     RequestRecord,
@@ -18,7 +18,7 @@ from context_daemon.store import (
     block_hashes,
     tail_hash,
 )
-from context_daemon.store.block_codec import header_bytes
+from store.block_codec import header_bytes
 from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until
 from worker.flush_state import read_flush_state

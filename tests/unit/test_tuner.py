@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from common.tuning_file import load_tuning_file
 from spotinfer.loadgen import LoadSummary
 from spotinfer.tuner import (
     SlaTargets,
     SweepPoint,
     TuneConfig,
-    load_tuning_file,
     plot,
     recommend,
     tuning_file,

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common.tuning_file import load_tuning_file
 from spotinfer.loadgen import Arrival, LoadSpec, plan_requests, run_load, summarize
 from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, process_environment
-from spotinfer.tuner import load_tuning_file
 
 
 def test_poisson_load_completes_exactly_once(worker: WorkerProcess) -> None:

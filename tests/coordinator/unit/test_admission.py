@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from common.requests import SlaClass
 from coordinator.admission import Admission
 from coordinator.errors import NoWorkerAvailable, QueueFull
 from coordinator.registry import WorkerRole, WorkerState
-from spotinfer.requests import SlaClass
 from tests.support.factories import (
     make_admission,
     make_limits,

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import pytest
 
-from context_daemon.store import MemoryStore, RequestRecord
+from common.requests import EventKind, FinishReason, TokenChunk
 from coordinator.failover import ResumeFromStore
 from coordinator.heartbeat import Heartbeat
 from coordinator.relay import Relay
-from spotinfer.requests import EventKind, FinishReason, TokenChunk
+from store import MemoryStore, RequestRecord
 from tests.support.factories import (
     LOST_AFTER_SECONDS,
     Cluster,

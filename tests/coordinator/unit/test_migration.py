@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+from common.requests import FinishReason, TokenChunk
 from context_daemon.worker_link import FlushReport
 from coordinator.registry import WorkerState
 from coordinator.relay import Relay, RelayStatus
 from coordinator.worker_client import PrefetchResult
-from spotinfer.requests import FinishReason, TokenChunk
 from tests.support.factories import Cluster, make_request, read_all, tokens_of
 from tests.support.fake_worker import ScriptedStream, complete_report, refused, token_ids
 from tests.support.wait import wait_until_async

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import pytest
 
+from common.requests import FinishReason, TokenChunk
 from coordinator.errors import IndexOutOfRange
 from coordinator.relay import Relay, RelayStatus
-from spotinfer.requests import FinishReason, TokenChunk
 from tests.support.factories import Cluster, make_limits, make_request, read_all, tokens_of
 from tests.support.fake_worker import ScriptedStream, token_ids
 from tests.support.wait import wait_until_async

@@ -34,7 +34,7 @@ class EventKind(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Sampling:
-    """Validated sampling parameters (see `spotinfer.validation`)."""
+    """Validated sampling parameters (see `common.validation`)."""
 
     max_tokens: int
     temperature: float = 0.0

@@ -12,8 +12,8 @@ import enum
 import hashlib
 from dataclasses import dataclass
 
-from context_daemon.constants import TOKEN_ID_BYTES
-from context_daemon.store.request_record import (
+from store.constants import TOKEN_ID_BYTES
+from store.request_record import (
     PAUSED_WITHOUT_KV_FIELD,
     TERMINAL_STATUSES,
     RequestStatus,

@@ -30,7 +30,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from context_daemon.constants import TOKEN_ID_BYTES, TOKEN_WIRE_BYTES
+from store.constants import TOKEN_ID_BYTES
+from worker.constants import TOKEN_WIRE_BYTES
 
 # Sums of float durations in different orders differ in the last bits; a step that ends
 # within this margin of the deadline counts as on time, so equal plans compare equal.

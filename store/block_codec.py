@@ -57,14 +57,14 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from context_daemon.constants import (
+from store.constants import (
     BLOCK_FORMAT_VERSION,
     BLOCK_HASH_BYTES,
     BLOCK_MAGIC,
     MAX_TOKEN_ID,
     TOKEN_ID_BYTES,
 )
-from context_daemon.store.errors import BlockRejected, RejectReason
+from store.errors import BlockRejected, RejectReason
 
 try:
     from isal.isal_zlib import crc32

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from context_daemon.store.redis_store import CommitOutcome, TokenCommit
-from context_daemon.store.request_record import RequestRecord, RequestStatus
+from store.redis_store import CommitOutcome, TokenCommit
+from store.request_record import RequestRecord, RequestStatus
 
 
 class RequestStore(Protocol):

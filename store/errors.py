@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import enum
 
+import grpc
 
-class StoreError(Exception):
-    """Base of every error the store raises on purpose."""
+from common.errors import ServiceError
+
+
+class StoreError(ServiceError):
+    """Base of every error the store raises on purpose; a client that sees one (other than
+    StoreUnavailable) sees INTERNAL: callers are meant to handle them."""
 
 
 class StoreUnavailable(StoreError):
     """Redis cannot be reached or did not answer in time; the caller degrades, it does not wait.
 
     Wraps redis-py's ConnectionError / TimeoutError / cluster-down errors (``__cause__``).
+    Maps to UNAVAILABLE (HTTP 503).
     """
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    http_type = "service_unavailable"
 
 
 class RequestNotFound(StoreError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from context_daemon.constants import (
+from store.constants import (
     DEFAULT_BLOCK_TTL_SECONDS,
     DEFAULT_REQUEST_TTL_SECONDS,
     DEFAULT_RETENTION_SECONDS,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from context_daemon.flush_planner import (
+from worker.flush_planner import (
     DEADLINE_TOLERANCE_SECONDS,
     FlushKind,
     LinkEstimate,

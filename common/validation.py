@@ -10,15 +10,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spotinfer.requests import Sampling
+from common.errors import InvalidRequest
+from common.requests import Sampling
+
+__all__ = [
+    "InvalidRequest",
+    "Limits",
+    "check_prompt_choice",
+    "check_prompt_tokens",
+    "check_request_id",
+    "check_sampling",
+]
 
 MAX_REQUEST_ID_CHARS = 128
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
-
-
-class InvalidRequest(ValueError):
-    """The request breaks a rule; maps to INVALID_ARGUMENT."""
 
 
 @dataclass(frozen=True)

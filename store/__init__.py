@@ -7,15 +7,15 @@ names the record-and-token part the coordinator and the token committer call, wh
 ``memory_store`` also implements (in a dict, for unit tests).
 """
 
-from context_daemon.store.block_codec import (
+from store.block_codec import (
     BlockSummary,
     KVBlock,
     KVFormat,
     block_hashes,
     tail_hash,
 )
-from context_daemon.store.block_refs import BlockRead, BlockWrite, block_reads
-from context_daemon.store.errors import (
+from store.block_refs import BlockRead, BlockWrite, block_reads
+from store.errors import (
     BlockRejected,
     CommitConflict,
     ConflictReason,
@@ -26,11 +26,11 @@ from context_daemon.store.errors import (
     StoreError,
     StoreUnavailable,
 )
-from context_daemon.store.memory_store import MemoryStore
-from context_daemon.store.protocol import RequestStore
-from context_daemon.store.redis_store import CommitOutcome, RedisStore, TokenCommit
-from context_daemon.store.request_record import RequestRecord, RequestStatus
-from context_daemon.store.store_config import StoreConfig
+from store.memory_store import MemoryStore
+from store.protocol import RequestStore
+from store.redis_store import CommitOutcome, RedisStore, TokenCommit
+from store.request_record import RequestRecord, RequestStatus
+from store.store_config import StoreConfig
 
 __all__ = [
     "BlockRead",

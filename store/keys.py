@@ -35,7 +35,7 @@ brace inside it would move keys of one request to different slots.
 
 from __future__ import annotations
 
-from context_daemon.constants import KEY_PREFIX
+from store.constants import KEY_PREFIX
 
 MAX_REQUEST_ID_CHARS = 256
 _FORBIDDEN_REQUEST_ID_CHARS = frozenset("{}")

@@ -25,9 +25,9 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from context_daemon.store.errors import StoreError, StoreUnavailable
-from context_daemon.store.lua_scripts import ALL_SCRIPTS, LuaScript
-from context_daemon.store.store_config import StoreConfig
+from store.errors import StoreError, StoreUnavailable
+from store.lua_scripts import ALL_SCRIPTS, LuaScript
+from store.store_config import StoreConfig
 
 RedisClient = redis.Redis | redis.RedisCluster
 Command = tuple[Any, ...]

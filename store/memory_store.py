@@ -19,16 +19,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from context_daemon.store.errors import (
+from store.errors import (
     CommitConflict,
     ConflictReason,
     InvalidTransition,
     RequestExists,
     RequestNotFound,
 )
-from context_daemon.store.redis_store import CommitOutcome, TokenCommit
-from context_daemon.store.request_record import ALLOWED_PREVIOUS, RequestRecord, RequestStatus
-from context_daemon.store.store_config import StoreConfig
+from store.redis_store import CommitOutcome, TokenCommit
+from store.request_record import ALLOWED_PREVIOUS, RequestRecord, RequestStatus
+from store.store_config import StoreConfig
 
 
 @dataclass

@@ -13,9 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from context_daemon.constants import TOKEN_ID_BYTES
-from context_daemon.store import keys
-from context_daemon.store.block_codec import (
+from store import keys
+from store.block_codec import (
     HEADER_FIXED_BYTES,
     BlockSummary,
     EncodedBlock,
@@ -27,8 +26,9 @@ from context_daemon.store.block_codec import (
     read_summary,
     unpack_token_ids,
 )
-from context_daemon.store.block_refs import BlockRead, BlockWrite
-from context_daemon.store.errors import (
+from store.block_refs import BlockRead, BlockWrite
+from store.constants import TOKEN_ID_BYTES
+from store.errors import (
     BlockRejected,
     CommitConflict,
     ConflictReason,
@@ -37,7 +37,7 @@ from context_daemon.store.errors import (
     RequestNotFound,
     StoreUnavailable,
 )
-from context_daemon.store.lua_scripts import (
+from store.lua_scripts import (
     ATTACH_BLOCK,
     COMMIT_TOKENS,
     CREATE_REQUEST,
@@ -47,13 +47,13 @@ from context_daemon.store.lua_scripts import (
     SET_STATUS,
     ScriptCode,
 )
-from context_daemon.store.redis_link import Command, RedisClient, RedisLink, connect, evalsha
-from context_daemon.store.request_record import (
+from store.redis_link import Command, RedisClient, RedisLink, connect, evalsha
+from store.request_record import (
     ALLOWED_PREVIOUS,
     RequestRecord,
     RequestStatus,
 )
-from context_daemon.store.store_config import StoreConfig
+from store.store_config import StoreConfig
 
 _CONFLICT_BY_CODE = {
     ScriptCode.GAP: ConflictReason.GAP,

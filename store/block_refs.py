@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from context_daemon.store.block_codec import (
+from store.block_codec import (
     EncodedBlock,
     KVBlock,
     KVFormat,
     block_hashes,
     tail_hash,
 )
-from context_daemon.store.keys import block_key, request_tail_key, validate_request_id
+from store.keys import block_key, request_tail_key, validate_request_id
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from context_daemon.store.block_codec import pack_token_ids, unpack_token_ids
-from context_daemon.store.keys import validate_request_id
+from common.requests import Sampling
+from store.block_codec import pack_token_ids, unpack_token_ids
+from store.keys import validate_request_id
 
 
 class RequestStatus(enum.Enum):
@@ -124,3 +126,17 @@ def contiguous_block_hashes(by_index: Mapping[bytes, bytes]) -> tuple[bytes, ...
     while (hex_hash := by_index.get(str(len(hashes)).encode())) is not None:
         hashes.append(bytes.fromhex(hex_hash.decode()))
     return tuple(hashes)
+
+
+def sampling_to_record(sampling: Sampling) -> dict[str, Any]:
+    """Sampling as the JSON mapping the request record keeps."""
+    values = dataclasses.asdict(sampling)
+    values["stop"] = list(sampling.stop)
+    return values
+
+
+def sampling_from_record(values: Mapping[str, Any]) -> Sampling:
+    known = {f.name for f in dataclasses.fields(Sampling)}
+    kwargs = {name: value for name, value in values.items() if name in known}
+    kwargs["stop"] = tuple(kwargs.get("stop", ()))
+    return Sampling(**kwargs)

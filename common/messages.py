@@ -1,0 +1,78 @@
+"""Dataclasses of the messages that cross a process boundary, beside those of a request's
+path (`common.requests`). `protos/convert.py` turns each into its proto message and back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FlushReport:
+    """How far one paused request's state reached the store (the `FlushProgress` message the
+    worker streams to its daemon and the daemon to the coordinator; see worker/flush_state.py)."""
+
+    request_id: str
+    complete: bool
+    committed_tokens: int
+    persisted_blocks: int
+    tail_persisted: bool
+    context_tokens: int
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class WorkerCapacity:
+    """What a worker reports in Stats (the `WorkerStats` message); the coordinator keeps the
+    last one of each worker as its heartbeat."""
+
+    worker_id: str
+    ready: bool
+    draining: bool
+    degraded: bool
+    running_seqs: int
+    waiting_seqs: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_block_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    model: str
+    tokens_per_second: float
+    generated_tokens_total: int = 0
+    requests_total: int = 0
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.kv_blocks_total - self.kv_blocks_free
+
+
+@dataclass(frozen=True)
+class PrefetchResult:
+    """One migration stage on a target worker (the `PrefetchResponse` message)."""
+
+    staged_blocks: int  # of the request, all stages so far
+    new_blocks: int  # staged by this call
+    staged_bytes: int
+    context_tokens: int
+    finished: bool  # the request ended: nothing is staged for it any more
+
+
+# Actions of a notice that end the VM (a rebalance is a hint: nothing moves yet).
+VM_ENDING_ACTIONS = frozenset({"terminate", "stop", "preempt"})
+
+
+@dataclass(frozen=True)
+class NoticeEvent:
+    """A termination notice as a daemon streams it to its coordinator (``flush`` None), or one
+    request's flush report under it (the `NoticeEvent` message)."""
+
+    source: str
+    action: str
+    deadline_unix: float  # 0: no deadline (a hint)
+    received_unix: float = 0.0
+    daemon_id: str = ""
+    flush: FlushReport | None = None
+
+    @property
+    def ends_vm(self) -> bool:
+        return self.action in VM_ENDING_ACTIONS

@@ -1,0 +1,30 @@
+"""Constants of the store: key schema version, token packing, block format, expiry, Redis client."""
+
+from __future__ import annotations
+
+# --- Redis key schema -------------------------------------------------------------------------
+# Bump when the meaning of any key changes; old and new daemons then never read each other's data.
+KEY_SCHEMA_VERSION = 1
+KEY_PREFIX = f"si:v{KEY_SCHEMA_VERSION}:"
+
+# --- committed tokens -------------------------------------------------------------------------
+# Token ids are stored packed, little-endian unsigned 32-bit: every tokenizer vocabulary fits.
+TOKEN_ID_BYTES = 4
+MAX_TOKEN_ID = 2**32 - 1
+
+# --- KV block format --------------------------------------------------------------------------
+BLOCK_FORMAT_VERSION = 1
+BLOCK_MAGIC = b"SIKV"
+# blake2b digest size of one link of the block hash chain: 128 bits keeps accidental
+# collisions out of reach (birthday bound ~2^64 blocks) while keeping keys short.
+BLOCK_HASH_BYTES = 16
+
+# --- expiry -----------------------------------------------------------------------------------
+DEFAULT_REQUEST_TTL_SECONDS = 6 * 3600
+DEFAULT_RETENTION_SECONDS = 0
+DEFAULT_BLOCK_TTL_SECONDS = 3600
+
+# --- Redis client -----------------------------------------------------------------------------
+# Short socket timeouts: the decode loop must learn quickly that Redis is gone, not hang.
+DEFAULT_SOCKET_TIMEOUT_SECONDS = 2.0
+DEFAULT_SOCKET_CONNECT_TIMEOUT_SECONDS = 1.0
