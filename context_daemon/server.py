@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.channels import async_server, listen
 from context_daemon.config import DaemonConfig
 from context_daemon.constants import DAEMON_STOP_GRACE_SECONDS
 from context_daemon.daemon import ContextDaemon, DaemonEvent, Hooks, Subscribers
@@ -22,7 +23,7 @@ from context_daemon.notices import Notice
 from context_daemon.store import RedisStore
 from context_daemon.worker_link import report_to_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
-from spotinfer.rpc import add_health_and_reflection, server_options, set_serving
+from spotinfer.rpc import add_health_and_reflection, set_serving
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    store = RedisStore.from_url(config.redis_url) if config.redis_url else None
+    store = RedisStore.from_config(config.store) if config.store.url else None
     subscribers = Subscribers()
     metrics = DaemonMetrics(
         config.effective_grace_seconds, store.is_available if store is not None else None
@@ -122,12 +123,12 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     metrics.read_state_from(daemon.state)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
-    server = grpc.aio.server(options=server_options(MAX_MESSAGE_BYTES))
+    server = async_server(MAX_MESSAGE_BYTES)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     daemon_pb2_grpc.add_ContextDaemonServicer_to_server(
         ContextDaemonService(daemon, subscribers, store), server
     )
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = listen(server, f"{config.host}:{config.port}")
     await server.start()
     runner = loop.create_task(daemon.run(stop))
     await set_serving(health, [SERVICE_NAME], True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from common.channels import async_channel
 from context_daemon.constants import PREEMPT_MARGIN_SECONDS, WORKER_CALL_TIMEOUT_SECONDS
 from protos.spotinfer.v1 import daemon_pb2, worker_pb2, worker_pb2_grpc
 
@@ -60,7 +61,7 @@ class WorkerLink:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = async_channel(address)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def preempt(self, deadline_unix: float, now_unix: float) -> AsyncIterator[FlushReport]:

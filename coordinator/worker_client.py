@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from common.channels import async_channel
 from coordinator.constants import ABORT_TIMEOUT_SECONDS, STATS_TIMEOUT_SECONDS
 from coordinator.errors import NothingPersisted, WorkerStreamBroken
 from protos.convert import chunk_from_proto, sampling_to_proto
@@ -60,13 +61,7 @@ class WorkerClient:
 
     def __init__(self, address: str, max_message_bytes: int) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-            ],
-        )
+        self._channel = async_channel(address, max_message_bytes)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def close(self) -> None:

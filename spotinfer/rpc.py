@@ -1,11 +1,10 @@
-"""What every spotinfer gRPC server shares: health, reflection, options, and the one table
+"""What every spotinfer gRPC server shares: health, reflection, and the one table
 that maps our typed errors to gRPC status codes."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -60,14 +59,6 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     hints = getattr(exc, "trailing_metadata", None)
     trailing = tuple(hints()) if callable(hints) else ()
     await context.abort(code, str(exc) or type(exc).__name__, trailing_metadata=trailing)
-
-
-def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
-    return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ]
 
 
 def add_health_and_reflection(

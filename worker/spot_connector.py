@@ -44,6 +44,7 @@ wrong token or a stalled step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,7 @@ from context_daemon.store import (
     KVFormat,
     RedisStore,
     RejectReason,
+    StoreConfig,
     StoreUnavailable,
     TokenCommit,
     block_hashes,
@@ -123,7 +125,7 @@ _STALE_TAIL_REASONS = frozenset(
 
 
 def connector_config(
-    redis_url: str, model_fingerprint: str, policy: str, staging_dir: str = ""
+    store: StoreConfig, model_fingerprint: str, policy: str, staging_dir: str = ""
 ) -> dict[str, Any]:
     """The `kv_transfer_config` that makes vLLM load this connector. ``staging_dir``: where
     this worker stages prefetched blocks as a migration target (see kv_staging.py)."""
@@ -132,7 +134,7 @@ def connector_config(
         "kv_connector_module_path": SPOT_CONNECTOR_MODULE,
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
-            "redis_url": redis_url,
+            "store": dataclasses.asdict(store),
             "model_fingerprint": model_fingerprint,
             "policy": policy,
             "staging_dir": staging_dir,
@@ -237,7 +239,9 @@ class SpotKVConnector(KVConnectorBase_V1):
         self._header_bytes = header_bytes(self._kv_format)
         self._num_blocks = int(kv_cache_config.num_blocks)
         self._layer_names = layer_names(kv_cache_config)
-        self._store = RedisStore.from_url(str(extra.get_from_extra_config("redis_url", "")))
+        self._store = RedisStore.from_config(
+            StoreConfig(**dict(extra.get_from_extra_config("store", {})))
+        )
         staging_dir = str(extra.get_from_extra_config("staging_dir", ""))
         self._staging_root = Path(staging_dir) if staging_dir else None
         # scheduler role

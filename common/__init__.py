@@ -1,0 +1,1 @@
+"""What every spotinfer process may import, and which imports none of them."""
