@@ -38,6 +38,8 @@ import os
 import textwrap
 import types
 import typing
+import urllib.parse
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -150,9 +152,10 @@ class Resolved(Generic[ConfigT]):
         return Resolved(config, sources)
 
     def render(self) -> str:
-        """One line per setting: name, effective value, source."""
+        """One line per setting: name, effective value (a URL's password masked), source."""
         rows = [
-            (name, repr(_get(self.config, name)), source) for name, source in self.sources.items()
+            (name, repr(_masked(_get(self.config, name))), source)
+            for name, source in self.sources.items()
         ]
         name_width = max(len(row[0]) for row in rows)
         value_width = max(len(row[1]) for row in rows)
@@ -255,6 +258,11 @@ class ConfigSource(Generic[ConfigT]):
         return flat
 
 
+def unique_name(prefix: str) -> str:
+    """A default name for a process in the cluster: ``worker-1a2b3c4d``."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
 def settings_of(config_type: type[Any], prefix: tuple[str, ...] = ()) -> list[Setting]:
     """Every leaf field of `config_type`, nested config dataclasses expanded in place."""
     hints = typing.get_type_hints(config_type)
@@ -355,6 +363,18 @@ def _get(config: Any, name: str) -> Any:
     for part in name.split("."):
         config = getattr(config, part)
     return config
+
+
+def _masked(value: Any) -> Any:
+    """``redis://:secret@host`` -> ``redis://:***@host``: the printout may land in a log."""
+    if not isinstance(value, str) or "://" not in value:
+        return value
+    parts = urllib.parse.urlsplit(value)
+    if not parts.password:
+        return value
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.partition(":")[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
 
 
 def _kind_name(setting: Setting) -> str:

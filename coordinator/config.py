@@ -13,11 +13,11 @@ notices (live migration) and InjectNotice asks that daemon to flush.
 from __future__ import annotations
 
 import dataclasses
-import uuid
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config_source import ConfigSource
+from common.config_source import ConfigSource, unique_name
 from context_daemon.store.store_config import StoreConfig
 from coordinator.constants import (
     DEFAULT_BATCH_QUEUE_CAPACITY,
@@ -35,10 +35,6 @@ from coordinator.constants import (
     DEFAULT_ROUTING_POLICY,
     DEFAULT_STANDBY_POOL_SIZE,
 )
-
-
-def _default_coordinator_id() -> str:
-    return f"coordinator-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)
@@ -78,7 +74,8 @@ class CoordinatorConfig:
         default="", metadata={"help": "model name on the HTTP front; empty: the folder's name"}
     )
     coordinator_id: str = field(
-        default_factory=_default_coordinator_id, metadata={"help": "name in the cluster"}
+        default_factory=functools.partial(unique_name, "coordinator"),
+        metadata={"help": "name in the cluster"},
     )
     routing_policy: str = field(
         default=DEFAULT_ROUTING_POLICY, metadata={"help": "how a worker is picked for a request"}

@@ -8,11 +8,11 @@ environment itself (what vLLM needs, not settings of the worker).
 
 from __future__ import annotations
 
+import functools
 import os
-import uuid
 from dataclasses import dataclass, field
 
-from common.config_source import ConfigSource
+from common.config_source import ConfigSource, unique_name
 from context_daemon.store.store_config import StoreConfig
 from worker.constants import (
     DEFAULT_DRAIN_GRACE_SECONDS,
@@ -23,10 +23,6 @@ from worker.constants import (
     DTYPES,
     KV_PERSIST_POLICIES,
 )
-
-
-def _default_worker_id() -> str:
-    return f"worker-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)
@@ -46,7 +42,8 @@ class WorkerConfig:
         },
     )
     worker_id: str = field(
-        default_factory=_default_worker_id, metadata={"help": "name in the cluster"}
+        default_factory=functools.partial(unique_name, "worker"),
+        metadata={"help": "name in the cluster"},
     )
     dtype: str = field(default="auto", metadata={"help": "weights/KV dtype", "choices": DTYPES})
     max_model_len: int = field(

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,8 +48,8 @@ SOURCE = ConfigSource(_Sample, section="sample")
 
 
 def _resolve(
-    argv: list[str], env: dict[str, str] | None = None, source: ConfigSource = SOURCE
-) -> tuple[object, dict[str, str]]:
+    argv: list[str], env: dict[str, str] | None = None, source: ConfigSource[Any] = SOURCE
+) -> tuple[Any, dict[str, str]]:
     parser = argparse.ArgumentParser()
     source.add_arguments(parser)
     resolved = source.resolve(parser.parse_args(argv), environ=env or {})
@@ -65,10 +66,10 @@ def test_flag_beats_env_beats_toml_beats_default(tmp_path: Path) -> None:
     toml = _toml(tmp_path, '[sample]\nname = "t"\nport = 3\nratio = 0.25\n')
     env = {"SPOTINFER_PORT": "2", "SPOTINFER_RATIO": "0.75"}
     config, sources = _resolve(["--config", toml, "--port", "1"], env)
-    assert (config.port, sources["port"]) == (1, "flag")  # type: ignore[attr-defined]
-    assert (config.ratio, sources["ratio"]) == (0.75, "env")  # type: ignore[attr-defined]
-    assert (config.name, sources["name"]) == ("t", "toml")  # type: ignore[attr-defined]
-    assert (config.mode, sources["mode"]) == ("a", "default")  # type: ignore[attr-defined]
+    assert (config.port, sources["port"]) == (1, "flag")
+    assert (config.ratio, sources["ratio"]) == (0.75, "env")
+    assert (config.name, sources["name"]) == ("t", "toml")
+    assert (config.mode, sources["mode"]) == ("a", "default")
 
 
 def test_every_kind_of_field_from_flags() -> None:
@@ -110,7 +111,7 @@ def test_the_redis_url_is_read_from_the_environment_by_every_process() -> None:
         (DAEMON_SOURCE, []),
     ):
         config, sources = _resolve(argv, env, source)
-        assert config.store.url == "redis://10.0.0.9:6379/0", source.section  # type: ignore[attr-defined]
+        assert config.store.url == "redis://10.0.0.9:6379/0", source.section
         assert sources["store.url"] == "env"
 
 
@@ -121,7 +122,7 @@ def test_a_shared_toml_table_is_overridden_by_the_process_table(tmp_path: Path) 
         '[sample]\nname = "t"\n[sample.inner]\nttl_seconds = 6\n',
     )
     config, sources = _resolve(["--config", toml])
-    assert config.inner == _Inner("redis://shared:1/0", 6)  # type: ignore[attr-defined]
+    assert config.inner == _Inner("redis://shared:1/0", 6)
     assert sources["inner.ttl_seconds"] == "toml"
 
 
@@ -136,11 +137,11 @@ def test_one_toml_file_serves_all_processes(tmp_path: Path) -> None:
     coordinator, _ = _resolve(["--config", toml], source=COORDINATOR_SOURCE)
     worker, _ = _resolve(["--config", toml], source=WORKER_SOURCE)
     daemon, _ = _resolve(["--config", toml], source=DAEMON_SOURCE)
-    assert coordinator.workers == ("10.0.0.5:50061",)  # type: ignore[attr-defined]
-    assert (worker.model, worker.max_num_seqs) == ("/models/m", 8)  # type: ignore[attr-defined]
-    assert daemon.notice_source == "gcp"  # type: ignore[attr-defined]
+    assert coordinator.workers == ("10.0.0.5:50061",)
+    assert (worker.model, worker.max_num_seqs) == ("/models/m", 8)
+    assert daemon.notice_source == "gcp"
     for config in (coordinator, worker, daemon):
-        assert config.store.url == "redis://r:6379/0"  # type: ignore[attr-defined]
+        assert config.store.url == "redis://r:6379/0"
 
 
 def test_an_unknown_toml_key_is_an_error(tmp_path: Path) -> None:
@@ -229,3 +230,12 @@ def test_print_config_marks_what_the_tuning_file_set(tmp_path: Path) -> None:
     assert "max_num_seqs" in result.stdout
     row = next(line for line in result.stdout.splitlines() if line.startswith("max_num_seqs"))
     assert row.split()[1:] == ["12", "tuning_file"]
+
+
+def test_print_config_masks_a_password_in_a_url() -> None:
+    parser = argparse.ArgumentParser()
+    DAEMON_SOURCE.add_arguments(parser)
+    args = parser.parse_args(["--redis-url", "rediss://:s3cret@redis.internal:6379/0?x=1"])
+    text = DAEMON_SOURCE.resolve(args, environ={}).render()
+    assert "s3cret" not in text
+    assert "'rediss://:***@redis.internal:6379/0?x=1'  flag" in text
