@@ -5,17 +5,17 @@ daemon processes of tests, benchmarks and the local cluster.
               (own process group; dies with us)                          (SIGTERM, then SIGKILL)
 
 No orphans: each child leads its own process group (so SIGKILL reaches whatever it forked)
-and, on Linux, asks the kernel to SIGKILL it when its parent dies (PR_SET_PDEATHSIG). The
-kernel sends that signal when the *thread* that forked the child ends, not the process, and
-the local cluster starts workers from short-lived loader threads; so every child is forked
-from one spawner thread that lives as long as this process.
+and, on Linux, asks the kernel to SIGKILL it when its parent dies (PR_SET_PDEATHSIG, set by
+an exec wrapper before the real command). The kernel sends that signal when the *thread*
+that forked the child ends, not the process, and the local cluster starts workers from
+short-lived loader threads; so every child is forked from one spawner thread that lives as
+long as this process.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -36,8 +36,15 @@ from common.channels import sync_channel
 REPO_ROOT = Path(__file__).resolve().parents[2]  # where `python -m worker` etc. resolve
 OUTPUT_TAIL_CHARS = 4000
 KILL_WAIT_SECONDS = 10.0
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+# argv: parent pid, then the command. prctl option 1 is PR_SET_PDEATHSIG (<linux/prctl.h>);
+# the setting survives the exec.
+_DEATH_WRAPPER = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 # The one thread that forks every child (see the module docstring): created on first use,
 # it idles until the interpreter exits.
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="managed-process-spawner")
@@ -65,17 +72,14 @@ def process_environment() -> dict[str, str]:
     return env
 
 
-def _die_with(parent_pid: int) -> Callable[[], None]:
-    """Runs in the child between fork and exec: SIGKILL when the parent goes, and go now if it
-    went before the request took effect."""
-
-    def arrange() -> None:
-        if _PRCTL is not None:
-            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-    return arrange
+def _dying_with_parent(command: Sequence[str]) -> list[str]:
+    """`command`, started through a tiny exec wrapper that first asks the kernel for SIGKILL
+    when this process dies (and goes at once if it already has). Not a preexec_fn: Python
+    code between fork and exec would run gRPC's fork handlers in the child, which can crash
+    it before the exec."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [sys.executable, "-I", "-S", "-c", _DEATH_WRAPPER, str(os.getpid()), *command]
 
 
 class ManagedProcess(abc.ABC):
@@ -106,10 +110,9 @@ class ManagedProcess(abc.ABC):
             # A second process would find the port taken and exit, leaving the first one
             # running with nobody to stop it.
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
-        parent = os.getpid()
         process = _SPAWNER.submit(
             subprocess.Popen,
-            list(command),
+            _dying_with_parent(command),
             cwd=self._cwd,
             env=self._env,
             stdout=subprocess.PIPE,
@@ -117,7 +120,6 @@ class ManagedProcess(abc.ABC):
             text=True,
             errors="replace",
             start_new_session=True,  # its own process group
-            preexec_fn=_die_with(parent),
         ).result()
         self.process = process
         mode = "a" if self._spawns else "w"
