@@ -214,7 +214,9 @@ class ServiceProcess(ManagedProcess):
     With ``metrics``, it also serves /metrics on a free port of its own (see `metrics_url`).
     """
 
-    def __init__(self, name: str, log_dir: Path | None, metrics: bool = False, port: int = 0):
+    def __init__(
+        self, name: str, log_dir: Path | None, metrics: bool = False, port: int = 0
+    ) -> None:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.metrics_port = free_port() if metrics else 0
