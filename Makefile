@@ -60,7 +60,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy protos coordinator worker context_daemon spotinfer
+	$(BIN)/mypy protos common coordinator worker context_daemon spotinfer
 
 protos: setup
 	$(BIN)/python -m spotinfer.protogen

@@ -44,7 +44,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 ENV_PREFIX = "SPOTINFER_"
 DEFAULT = "default"

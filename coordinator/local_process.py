@@ -9,10 +9,13 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING
 
 from protos.spotinfer.v1 import control_pb2_grpc, inference_pb2_grpc
 from spotinfer.local.managed_process import ServiceProcess, free_port
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 30.0

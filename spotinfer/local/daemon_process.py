@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING
 
 from protos.spotinfer.v1 import daemon_pb2_grpc
 from spotinfer.local.managed_process import ServiceProcess
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 READY_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 30.0

@@ -26,12 +26,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.channels import sync_channel
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # where `python -m worker` etc. resolve
 OUTPUT_TAIL_CHARS = 4000

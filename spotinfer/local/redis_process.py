@@ -13,9 +13,12 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING
 
 from spotinfer.local.managed_process import ManagedProcess, free_port
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 REDIS_SERVER_BINARY = "redis-server"
 STARTUP_TIMEOUT_SECONDS = 15.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING
 
 from protos.spotinfer.v1 import worker_pb2_grpc
 from spotinfer.local.managed_process import (
@@ -18,6 +18,9 @@ from spotinfer.local.managed_process import (
     free_port,
     process_environment,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["REPO_ROOT", "WorkerProcess", "free_port", "process_environment"]
 

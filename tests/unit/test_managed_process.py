@@ -10,11 +10,14 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING
 
 import pytest
 
 from spotinfer.local.managed_process import REPO_ROOT, ManagedProcess
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 PYTHON = sys.executable
 IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + (
