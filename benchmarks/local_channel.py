@@ -14,9 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
-
 from benchmarks.harness import benchmark_parser, percentile, resolve_model_arg, write_json
+from common.channels import sync_channel
 from protos.spotinfer.v1 import worker_pb2, worker_pb2_grpc
 from spotinfer.local.worker_process import WorkerProcess
 
@@ -26,7 +25,7 @@ WORKER_FLAGS = ("--dtype", "float32", "--max-model-len", "1024", "--memory-gib",
 
 def time_calls(address: str, calls: int) -> list[float]:
     """Seconds per Stats round trip, ``calls`` of them, one after another."""
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
         for _ in range(WARMUP_CALLS):
             stub.Stats(worker_pb2.StatsRequest(), timeout=5)

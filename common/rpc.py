@@ -1,5 +1,5 @@
-"""What every spotinfer gRPC server shares: health, reflection, server options, and the one
-wrapper that turns our typed errors into gRPC statuses (see `common.errors`)."""
+"""What every spotinfer gRPC server shares: health, reflection, and the one wrapper that
+turns our typed errors into gRPC statuses (see `common.errors`)."""
 
 from __future__ import annotations
 
@@ -65,14 +65,6 @@ def maps_errors(method: Method) -> Method:
             raise  # unreachable: abort raises
 
     return cast(Method, unary)
-
-
-def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
-    return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ]
 
 
 def add_health_and_reflection(

@@ -1,18 +1,17 @@
-"""The daemon's one configuration object; the only place in the daemon that reads the
-environment.
+"""The daemon's one configuration object.
 
-CLI flags are derived from the fields (`add_arguments` / `from_args`): `--notice-source` for
+Flags, SPOTINFER_* environment variables and the [daemon] table of a TOML file are derived
+from the fields by common.config_source (`CONFIG_SOURCE`): `--notice-source` for
 `notice_source`, the field's help as the flag's help.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.config_source import ConfigSource
 from context_daemon.constants import (
     DEFAULT_DAEMON_PORT,
     DEFAULT_GRACE_SECONDS,
@@ -20,16 +19,18 @@ from context_daemon.constants import (
     DEFAULT_WORKER_ADDRESS,
     NOTICE_SOURCES,
 )
+from store.store_config import StoreConfig
 
 
 def _default_daemon_id() -> str:
-    return os.environ.get("SPOTINFER_DAEMON_ID") or f"daemon-{os.uname().nodename}"
+    return f"daemon-{os.uname().nodename}"
 
 
 @dataclass(frozen=True)
 class DaemonConfig:
     notice_source: str = field(
-        default="aws", metadata={"help": f"where termination notices come from: {NOTICE_SOURCES}"}
+        default="aws",
+        metadata={"help": "where termination notices come from", "choices": NOTICE_SOURCES},
     )
     metadata_url: str = field(
         default="",
@@ -45,8 +46,9 @@ class DaemonConfig:
         default=DEFAULT_WORKER_ADDRESS,
         metadata={"help": "the local worker's gRPC address: host:port or unix:/path"},
     )
-    redis_url: str = field(
-        default="", metadata={"help": "Redis the worker persists to (for Status); empty: none"}
+    store: StoreConfig = field(
+        default_factory=StoreConfig,
+        metadata={"help": "Redis the worker persists to (for Status); no URL: none"},
     )
     host: str = field(default="0.0.0.0", metadata={"help": "address to listen on"})
     port: int = field(
@@ -99,10 +101,6 @@ class DaemonConfig:
             raise ValueError(
                 "grace_seconds, handoff_seconds and poll_interval_seconds must not be negative"
             )
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
-                f"redis_url must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}"
-            )
 
     @property
     def effective_grace_seconds(self) -> float:
@@ -124,24 +122,5 @@ class DaemonConfig:
             options["vm_name"] = self.azure_vm_name
         return options
 
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """One flag per field, help from the field's metadata."""
-        for f in dataclasses.fields(cls):
-            parser.add_argument(
-                "--" + f.name.replace("_", "-"),
-                type={"int": int, "float": float}.get(str(f.type), str),
-                default=None,
-                help=f.metadata.get("help", ""),
-            )
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, **overrides: Any) -> DaemonConfig:
-        """The config from parsed flags; unset flags keep the field defaults."""
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            value = getattr(args, f.name, None)
-            if value is not None:
-                values[f.name] = value
-        values.update(overrides)
-        return cls(**values)
+CONFIG_SOURCE = ConfigSource(DaemonConfig, section="daemon")

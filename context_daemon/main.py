@@ -6,18 +6,21 @@ import argparse
 import asyncio
 
 from common.errors import UserError
-from context_daemon.config import DaemonConfig
+from context_daemon.config import CONFIG_SOURCE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    DaemonConfig.add_arguments(parser)
+    CONFIG_SOURCE.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from context_daemon.server import serve
 
     try:
-        config = DaemonConfig.from_args(args)
-    except (TypeError, ValueError) as exc:
+        resolved = CONFIG_SOURCE.resolve(args)
+    except (TypeError, ValueError, OSError) as exc:
         raise UserError(str(exc)) from exc
-    return asyncio.run(serve(config))
+    if args.print_config:
+        print(resolved.render())
+        return 0
+    return asyncio.run(serve(resolved.config))

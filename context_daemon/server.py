@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.channels import async_server, listen
 from common.messages import FlushReport, NoticeEvent
-from common.rpc import add_health_and_reflection, maps_errors, server_options, set_serving
+from common.rpc import add_health_and_reflection, maps_errors, set_serving
 from context_daemon.config import DaemonConfig
 from context_daemon.constants import DAEMON_STOP_GRACE_SECONDS
 from context_daemon.daemon import ContextDaemon, Hooks, Subscribers
@@ -113,7 +114,7 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    store = RedisStore.from_url(config.redis_url) if config.redis_url else None
+    store = RedisStore.from_config(config.store) if config.store.url else None
     subscribers = Subscribers()
     metrics = DaemonMetrics(
         config.effective_grace_seconds, store.is_available if store is not None else None
@@ -124,12 +125,12 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     metrics.read_state_from(daemon.state)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
-    server = grpc.aio.server(options=server_options(MAX_MESSAGE_BYTES))
+    server = async_server(MAX_MESSAGE_BYTES)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     daemon_pb2_grpc.add_ContextDaemonServicer_to_server(
         ContextDaemonService(daemon, subscribers, store), server
     )
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = listen(server, f"{config.host}:{config.port}")
     await server.start()
     runner = loop.create_task(daemon.run(stop))
     await set_serving(health, [SERVICE_NAME], True)

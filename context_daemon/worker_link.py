@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.channels import async_channel
 from common.messages import FlushReport
 from context_daemon.constants import PREEMPT_MARGIN_SECONDS, WORKER_CALL_TIMEOUT_SECONDS
 from protos.convert import flush_report_from_proto
@@ -25,7 +26,7 @@ class WorkerLink:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = async_channel(address)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def preempt(self, deadline_unix: float, now_unix: float) -> AsyncIterator[FlushReport]:

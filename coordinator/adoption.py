@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from common.channels import async_channel
 from common.requests import GenerationRequest, SlaClass, TokenChunk
 from coordinator.constants import (
     ADOPT_PAUSE_WAIT_SECONDS,
@@ -95,8 +96,7 @@ class Adoption:
     async def proxy(self, record: RouteRecord, from_index: int) -> AsyncIterator[TokenChunk]:
         """The other replica's Attach. Raises ReplicaUnavailable if it does not answer
         before its first message (later, the client's own reconnect covers a failure)."""
-        options = [("grpc.max_receive_message_length", self._max_message_bytes)]
-        async with grpc.aio.insecure_channel(record.coordinator_address, options=options) as ch:
+        async with async_channel(record.coordinator_address, self._max_message_bytes) as ch:
             stub = inference_pb2_grpc.InferenceStub(ch)
             call = stub.Attach(
                 inference_pb2.AttachRequest(request_id=record.request_id, from_index=from_index)

@@ -1,6 +1,7 @@
-"""The coordinator's one configuration object; the only place that reads the environment.
+"""The coordinator's one configuration object.
 
-CLI flags are derived from the fields (`add_arguments` / `from_args`): `--max-seqs-per-worker`
+Flags, SPOTINFER_* environment variables and the [coordinator] table of a TOML file are
+derived from the fields by common.config_source (`CONFIG_SOURCE`): `--max-seqs-per-worker`
 for `max_seqs_per_worker`, help from the field's metadata. Tuple fields are repeatable flags
 named in the singular (`--worker ADDR --worker ADDR`).
 
@@ -11,14 +12,12 @@ notices (live migration) and InjectNotice asks that daemon to flush.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
-import uuid
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from common.config_source import ConfigSource, unique_name
 from common.tuning_file import load_tuning_file
 from coordinator.constants import (
     DEFAULT_BATCH_QUEUE_CAPACITY,
@@ -36,17 +35,7 @@ from coordinator.constants import (
     DEFAULT_ROUTING_POLICY,
     DEFAULT_STANDBY_POOL_SIZE,
 )
-
-# Repeatable flags: field name -> flag name.
-_LIST_FLAGS = {"workers": "--worker", "standbys": "--standby"}
-
-
-def _default_coordinator_id() -> str:
-    return os.environ.get("SPOTINFER_COORDINATOR_ID") or f"coordinator-{uuid.uuid4().hex[:8]}"
-
-
-def _default_redis_url() -> str:
-    return os.environ.get("SPOTINFER_REDIS_URL", "")
+from store.store_config import StoreConfig
 
 
 @dataclass(frozen=True)
@@ -61,13 +50,19 @@ class CoordinatorConfig:
     workers: tuple[str, ...] = field(
         default=(),
         metadata={
+            "flag": "worker",
+            "metavar": "ADDR[=DAEMON]",
             "help": "an active worker, host:port, or host:port=DAEMON_HOST:PORT to also name "
-            "its context daemon (notices, live migration); repeatable"
+            "its context daemon (notices, live migration); repeatable",
         },
     )
     standbys: tuple[str, ...] = field(
         default=(),
-        metadata={"help": "a warm standby worker, written as for --worker; repeatable"},
+        metadata={
+            "flag": "standby",
+            "metavar": "ADDR[=DAEMON]",
+            "help": "a warm standby worker, written as for --worker; repeatable",
+        },
     )
     model: str = field(
         default="",
@@ -80,7 +75,8 @@ class CoordinatorConfig:
         default="", metadata={"help": "model name on the HTTP front; empty: the folder's name"}
     )
     coordinator_id: str = field(
-        default_factory=_default_coordinator_id, metadata={"help": "name in the cluster"}
+        default_factory=functools.partial(unique_name, "coordinator"),
+        metadata={"help": "name in the cluster"},
     )
     routing_policy: str = field(
         default=DEFAULT_ROUTING_POLICY, metadata={"help": "how a worker is picked for a request"}
@@ -135,9 +131,9 @@ class CoordinatorConfig:
         default=DEFAULT_RETENTION_SECONDS,
         metadata={"help": "how long a finished request stays attachable"},
     )
-    redis_url: str = field(
-        default_factory=_default_redis_url,
-        metadata={"help": "Redis for request records (redis://host:port/db); empty: none"},
+    store: StoreConfig = field(
+        default_factory=StoreConfig,
+        metadata={"help": "Redis for request records and the requests' tokens"},
     )
     record_ttl_seconds: int = field(
         default=DEFAULT_RECORD_TTL_SECONDS,
@@ -182,10 +178,6 @@ class CoordinatorConfig:
             raise ValueError("record_retention_seconds must be positive")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be at least 1024")
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
-                f"redis_url must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}"
-            )
         if not self.coordinator_id:
             raise ValueError("coordinator_id must not be empty")
 
@@ -195,42 +187,6 @@ class CoordinatorConfig:
         if self.served_model_name:
             return self.served_model_name
         return Path(self.model).name if self.model else "spotinfer"
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        for f in dataclasses.fields(cls):
-            help_text = f.metadata.get("help", "")
-            if f.name in _LIST_FLAGS:
-                parser.add_argument(
-                    _LIST_FLAGS[f.name],
-                    dest=f.name,
-                    action="append",
-                    default=None,
-                    metavar="ADDR[=DAEMON]",
-                    help=help_text,
-                )
-            elif f.type in ("bool", bool):
-                parser.add_argument(
-                    _flag(f.name),
-                    action=argparse.BooleanOptionalAction,
-                    default=None,
-                    help=help_text,
-                )
-            else:
-                parser.add_argument(
-                    _flag(f.name), type=_field_type(f), default=None, help=help_text
-                )
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, **overrides: Any) -> CoordinatorConfig:
-        """Builds the config from parsed flags; unset flags keep the field defaults."""
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            value = getattr(args, f.name, None)
-            if value is not None:
-                values[f.name] = tuple(value) if f.name in _LIST_FLAGS else value
-        values.update(overrides)
-        return cls(**values)
 
 
 def check_address(address: str) -> None:
@@ -255,14 +211,6 @@ def split_worker_flag(value: str) -> tuple[str, str]:
     return address, daemon_address
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _field_type(f: dataclasses.Field[Any]) -> type:
-    return {"int": int, "float": float, "str": str}.get(str(f.type), str)
-
-
 def apply_tuning_file(config: CoordinatorConfig) -> CoordinatorConfig:
     """The per-class caps from `config.tuning_file`, where no explicit flag set them."""
     if not config.tuning_file:
@@ -275,3 +223,6 @@ def apply_tuning_file(config: CoordinatorConfig) -> CoordinatorConfig:
     return dataclasses.replace(
         config, interactive_max_per_worker=interactive, batch_max_per_worker=batch
     )
+
+
+CONFIG_SOURCE = ConfigSource(CoordinatorConfig, section="coordinator")

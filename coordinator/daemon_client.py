@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-import grpc
-
+from common.channels import async_channel
 from common.messages import FlushReport, NoticeEvent
 from protos.convert import flush_report_from_proto, notice_event_from_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
@@ -41,7 +40,7 @@ class DaemonClient:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = async_channel(address)
         self._stub = daemon_pb2_grpc.ContextDaemonStub(self._channel)
 
     async def close(self) -> None:

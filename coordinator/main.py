@@ -6,11 +6,11 @@ import argparse
 import asyncio
 
 from common.errors import UserError
-from coordinator.config import CoordinatorConfig, apply_tuning_file
+from coordinator.config import CONFIG_SOURCE, apply_tuning_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    CoordinatorConfig.add_arguments(parser)
+    CONFIG_SOURCE.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,9 +21,14 @@ def run(args: argparse.Namespace) -> int:
     from coordinator.server import serve
 
     try:
-        config = apply_tuning_file(CoordinatorConfig.from_args(args))
+        resolved = CONFIG_SOURCE.resolve(args)
+        resolved = resolved.replaced(apply_tuning_file(resolved.config), "tuning_file")
     except (TypeError, ValueError, OSError) as exc:
         raise UserError(str(exc)) from exc
+    if args.print_config:
+        print(resolved.render())
+        return 0
+    config = resolved.config
     if config.routing_policy not in RoutingPolicy.names():
         raise UserError(
             f"unknown routing policy {config.routing_policy!r}; "

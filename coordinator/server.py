@@ -16,9 +16,10 @@ from typing import Any
 
 import grpc
 
+from common.channels import async_server, listen
 from common.errors import InvalidRequest
 from common.requests import SlaClass
-from common.rpc import add_health_and_reflection, maps_errors, server_options, set_serving
+from common.rpc import add_health_and_reflection, maps_errors, set_serving
 from coordinator.admission import Admission, AdmissionLimits
 from coordinator.adoption import Adoption
 from coordinator.config import CoordinatorConfig, check_address, split_worker_flag
@@ -262,18 +263,18 @@ class Coordinator:
         )
         self.records = (
             RouteRecords.from_url(
-                config.redis_url,
+                config.store.url,
                 config.record_ttl_seconds,
                 config.record_retention_seconds,
                 RECORD_FLUSH_INTERVAL_SECONDS,
             )
-            if config.redis_url
+            if config.store.url
             else None
         )
         self.adoption = (
             Adoption(
                 self.records,
-                RedisStore.from_url(config.redis_url),
+                RedisStore.from_config(config.store),
                 lambda: self.dispatcher.address,
                 config.max_message_bytes,
             )
@@ -285,7 +286,7 @@ class Coordinator:
             config.failover_policy,
             self.admission,
             self.migrations,
-            RedisStore.from_url(config.redis_url) if config.redis_url else None,
+            RedisStore.from_config(config.store) if config.store.url else None,
         )
         table = RequestTable(config.retention_seconds)
         if self.failover.acts_on_notice:
@@ -356,7 +357,7 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
 
     coordinator = Coordinator(config)
     await asyncio.to_thread(coordinator.dispatcher.tokenizer.load)
-    server = grpc.aio.server(options=server_options(config.max_message_bytes))
+    server = async_server(config.max_message_bytes)
     health = add_health_and_reflection(server, SERVICE_NAMES)
     serving_now: list[bool] = []
 
@@ -390,7 +391,7 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
         server,
     )
     await set_serving(health, SERVICE_NAMES, False)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = listen(server, f"{config.host}:{config.port}")
     coordinator.dispatcher.address = f"{config.host}:{port}"
     await server.start()
     http_port = (

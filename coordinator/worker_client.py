@@ -13,6 +13,7 @@ from typing import Protocol
 
 import grpc
 
+from common.channels import async_channel
 from common.errors import InvalidRequest
 from common.messages import PrefetchResult, WorkerCapacity
 from common.requests import GenerationRequest, TokenChunk
@@ -74,13 +75,7 @@ class WorkerClient:
 
     def __init__(self, address: str, max_message_bytes: int) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-            ],
-        )
+        self._channel = async_channel(address, max_message_bytes)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def close(self) -> None:

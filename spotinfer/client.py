@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from common.channels import sync_channel
 from common.requests import RequestOutput, Sampling, SlaClass, TokenChunk
 from protos.convert import chunk_from_proto, sampling_to_proto, sla_to_proto
 from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc
@@ -51,7 +52,7 @@ class Client:
     def __init__(self, config: ClientConfig) -> None:
         self._config = config
         self._target_index = 0
-        self._channel = grpc.insecure_channel(config.targets[0])
+        self._channel = sync_channel(config.targets[0])
 
     @classmethod
     def connect(cls, *targets: str) -> Client:
@@ -73,7 +74,7 @@ class Client:
     def _next_target(self) -> None:
         self._channel.close()
         self._target_index = (self._target_index + 1) % len(self._config.targets)
-        self._channel = grpc.insecure_channel(self._config.targets[self._target_index])
+        self._channel = sync_channel(self._config.targets[self._target_index])
 
     def stream(
         self,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from common.channels import async_channel
 from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc, worker_pb2_grpc
 
 REATTACH_ATTEMPTS = 40  # broken streams picked up again, per request
@@ -201,7 +202,7 @@ async def run_load(
     on_start: Callable[[RequestTrace], None] | None = None,
 ) -> list[RequestTrace]:
     """Sends every planned request at its offset, streams it, and keeps per-token times."""
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with async_channel(target) as channel:
         stub = stub_for(service)(channel)
         start = time.perf_counter()
 

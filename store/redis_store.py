@@ -126,6 +126,11 @@ class RedisStore:
         client = connect(url, cluster, config)
         return cls(client, config, clock)
 
+    @classmethod
+    def from_config(cls, config: StoreConfig, clock: Callable[[], float] = time.time) -> RedisStore:
+        """A store on ``config.url`` in ``config.cluster`` mode, with its expiry and timeouts."""
+        return cls.from_url(config.url, config.cluster, config, clock)
+
     @property
     def config(self) -> StoreConfig:
         return self._config

@@ -1,18 +1,19 @@
-"""The worker's one configuration object; the only place that reads the environment.
+"""The worker's one configuration object.
 
-CLI flags are derived from the fields (`add_arguments` / `from_args`), so a new field is a
-new flag with its docstring as help.
+Flags, SPOTINFER_* environment variables and the [worker] table of a TOML file are derived
+from the fields by common.config_source (`CONFIG_SOURCE`), so a new field is a new flag with
+its help as the flag's help. `engine_environment` is the one place here that reads the
+environment itself (what vLLM needs, not settings of the worker).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
+import functools
 import os
-import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
+from common.config_source import ConfigSource, unique_name
+from store.store_config import StoreConfig
 from worker.constants import (
     DEFAULT_DRAIN_GRACE_SECONDS,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -22,10 +23,6 @@ from worker.constants import (
     DTYPES,
     KV_PERSIST_POLICIES,
 )
-
-
-def _default_worker_id() -> str:
-    return os.environ.get("SPOTINFER_WORKER_ID") or f"worker-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)
@@ -45,9 +42,10 @@ class WorkerConfig:
         },
     )
     worker_id: str = field(
-        default_factory=_default_worker_id, metadata={"help": "name in the cluster"}
+        default_factory=functools.partial(unique_name, "worker"),
+        metadata={"help": "name in the cluster"},
     )
-    dtype: str = field(default="auto", metadata={"help": f"weights/KV dtype: {DTYPES}"})
+    dtype: str = field(default="auto", metadata={"help": "weights/KV dtype", "choices": DTYPES})
     max_model_len: int = field(
         default=DEFAULT_MAX_MODEL_LEN, metadata={"help": "context length (prompt + output)"}
     )
@@ -99,12 +97,9 @@ class WorkerConfig:
     max_message_bytes: int = field(
         default=DEFAULT_MAX_MESSAGE_BYTES, metadata={"help": "largest gRPC message accepted"}
     )
-    redis_url: str = field(
-        default="",
-        metadata={
-            "help": "Redis (redis://host:port/db) for token commits and KV blocks; "
-            "empty: no persistence, no Resume"
-        },
+    store: StoreConfig = field(
+        default_factory=StoreConfig,
+        metadata={"help": "Redis for token commits and KV blocks; no URL: no persistence"},
     )
     staging_mib: int = field(
         default=DEFAULT_STAGING_MIB,
@@ -120,8 +115,9 @@ class WorkerConfig:
     kv_persist_policy: str = field(
         default="eager",
         metadata={
-            "help": f"which KV blocks go to Redis: {KV_PERSIST_POLICIES}; eager: every block "
-            "once it is full, lazy: none until a termination notice, off: none"
+            "help": "which KV blocks go to Redis; eager: every block once it is full, "
+            "lazy: none until a termination notice, off: none",
+            "choices": KV_PERSIST_POLICIES,
         },
     )
 
@@ -157,47 +153,10 @@ class WorkerConfig:
                 f"kv_persist_policy must be one of {KV_PERSIST_POLICIES}, "
                 f"got {self.kv_persist_policy!r}"
             )
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
-                f"redis_url must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}"
-            )
 
     @property
     def effective_max_tokens_limit(self) -> int:
         return self.max_tokens_limit or self.max_model_len
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """One flag per field: `--max-num-seqs` for `max_num_seqs`, help from the metadata."""
-        for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            help_text = f.metadata.get("help", "")
-            if f.type in ("bool", bool):
-                parser.add_argument(
-                    flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
-                )
-            else:
-                required = (
-                    f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                )
-                parser.add_argument(
-                    flag, type=_field_type(f), default=None, help=help_text, required=required
-                )
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, **overrides: Any) -> WorkerConfig:
-        """Builds the config from parsed flags; unset flags keep the field defaults."""
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            value = getattr(args, f.name, None)
-            if value is not None:
-                values[f.name] = value
-        values.update(overrides)
-        return cls(**values)
-
-
-def _field_type(f: dataclasses.Field[Any]) -> type:
-    return {"int": int, "float": float, "str": str}.get(str(f.type), str)
 
 
 def engine_environment() -> dict[str, str]:
@@ -207,3 +166,6 @@ def engine_environment() -> dict[str, str]:
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
         "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false"),
     }
+
+
+CONFIG_SOURCE = ConfigSource(WorkerConfig, section="worker")

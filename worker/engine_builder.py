@@ -90,7 +90,7 @@ class EngineBuilder:
         staging_dir = str(self._staging.root) if self._staging is not None else ""
         return KVTransferConfig(
             **connector_config(
-                self.config.redis_url,
+                self.config.store,
                 fingerprint,
                 self.config.kv_persist_policy,
                 staging_dir,

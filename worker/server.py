@@ -17,9 +17,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from common.channels import async_server, listen
 from common.messages import WorkerCapacity
 from common.requests import GenerationRequest
-from common.rpc import add_health_and_reflection, maps_errors, server_options, set_serving
+from common.rpc import add_health_and_reflection, maps_errors, set_serving
 from common.validation import check_prompt_choice, check_request_id
 from protos.convert import (
     chunk_to_proto,
@@ -180,13 +181,13 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    store = RedisStore.from_url(config.redis_url) if config.redis_url else None
+    store = RedisStore.from_config(config.store) if config.store.url else None
     metrics = WorkerMetrics()
     engine = Engine(config, store, metrics)
     metrics.read_live_from(lambda: live_numbers(engine))
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
-    server = grpc.aio.server(options=server_options(config.max_message_bytes))
+    server = async_server(config.max_message_bytes)
     health = add_health_and_reflection(server, [SERVICE_NAME])
 
     async def set_health(serving: bool) -> None:
@@ -194,9 +195,9 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
 
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(engine, set_health, metrics), server)
     await set_serving(health, [SERVICE_NAME], False)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = listen(server, f"{config.host}:{config.port}")
     if config.unix_socket:
-        server.add_insecure_port(f"unix:{config.unix_socket}")
+        listen(server, f"unix:{config.unix_socket}")
     await server.start()
     # One line a launcher can wait for, also when the port was picked by the OS.
     print(f"spotinfer worker {config.worker_id} listening on {config.host}:{port}", flush=True)

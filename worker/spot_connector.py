@@ -49,6 +49,7 @@ what passes between them each step is spot_connector_metadata.py.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from store import (
     RedisStore,
+    StoreConfig,
 )
 from worker.constants import (
     SPOT_CONNECTOR_CLASS,
@@ -89,7 +91,7 @@ if TYPE_CHECKING:
 
 
 def connector_config(
-    redis_url: str, model_fingerprint: str, policy: str, staging_dir: str = ""
+    store: StoreConfig, model_fingerprint: str, policy: str, staging_dir: str = ""
 ) -> dict[str, Any]:
     """The `kv_transfer_config` that makes vLLM load this connector. ``staging_dir``: where
     this worker stages prefetched blocks as a migration target (see kv_staging.py)."""
@@ -98,7 +100,7 @@ def connector_config(
         "kv_connector_module_path": SPOT_CONNECTOR_MODULE,
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
-            "redis_url": redis_url,
+            "store": dataclasses.asdict(store),
             "model_fingerprint": model_fingerprint,
             "policy": policy,
             "staging_dir": staging_dir,
@@ -126,7 +128,9 @@ class SpotKVConnector(KVConnectorBase_V1):
             device_type,
             geometry,
         )
-        store = RedisStore.from_url(str(extra.get_from_extra_config("redis_url", "")))
+        store = RedisStore.from_config(
+            StoreConfig(**dict(extra.get_from_extra_config("store", {})))
+        )
         staging_dir = str(extra.get_from_extra_config("staging_dir", ""))
         self.connector_scheduler: SpotConnectorScheduler | None = None
         self.connector_worker: SpotConnectorWorker | None = None

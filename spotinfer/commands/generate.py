@@ -77,9 +77,10 @@ def run_status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from common.channels import sync_channel
     from protos.spotinfer.v1 import common_pb2, control_pb2, control_pb2_grpc
 
-    with grpc.insecure_channel(args.target) as channel:
+    with sync_channel(args.target) as channel:
         try:
             status = control_pb2_grpc.ControlStub(channel).ClusterStatus(
                 control_pb2.ClusterStatusRequest(), timeout=5

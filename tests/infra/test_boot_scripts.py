@@ -49,7 +49,7 @@ def test_worker_unit_runs_spotinfer_worker_with_its_flags() -> None:
     positional, flags = _command("spotinfer-worker.service")
     assert positional == ["/opt/spotinfer/venv/bin/spotinfer", "worker"]
     assert flags == {
-        "--model": "${SPOTINFER_MODEL}",
+        "--model": "${SPOTINFER_WORKER_MODEL}",
         "--port": "${SPOTINFER_WORKER_PORT}",
         "--worker-id": "${SPOTINFER_WORKER_ID}",
         "--coordinator": "${SPOTINFER_COORDINATOR}",
@@ -82,6 +82,29 @@ def test_boot_scripts_write_every_variable_the_units_read(template: str) -> None
     env_block = text[text.index("<<ENV") : text.index("\nENV\n")]
     written = set(re.findall(r"^(SPOTINFER_[A-Z_]+)=", env_block, flags=re.MULTILINE))
     assert used <= written, f"{template} does not write {sorted(used - written)}"
+
+
+# Every unit reads the whole environment file, and each process takes SPOTINFER_<FLAG> for
+# every one of its settings: a variable written for one unit must not set another's setting.
+SETTINGS_FROM_THE_ENV_FILE = {
+    "coordinator": {"store.url"},
+    "worker": {"store.url", "worker_id"},
+    "daemon": {"store.url", "notice_source"},
+}
+
+
+@pytest.mark.parametrize("template", ["aws-boot.sh.tftpl", "gcp-boot.sh.tftpl"])
+def test_the_environment_file_sets_only_the_settings_meant(template: str) -> None:
+    from context_daemon.config import CONFIG_SOURCE as DAEMON
+    from coordinator.config import CONFIG_SOURCE as COORDINATOR
+    from worker.config import CONFIG_SOURCE as WORKER
+
+    text = (BOOT_DIR / template).read_text()
+    env_block = text[text.index("<<ENV") : text.index("\nENV\n")]
+    written = set(re.findall(r"^(SPOTINFER_[A-Z_]+)=", env_block, flags=re.MULTILINE))
+    for source in (COORDINATOR, WORKER, DAEMON):
+        taken = {setting.name for setting in source.settings if setting.env in written}
+        assert taken == SETTINGS_FROM_THE_ENV_FILE[source.section], source.section
 
 
 def _verify_copy(tmp_path: Path, unit_name: str, text: str) -> subprocess.CompletedProcess[str]:

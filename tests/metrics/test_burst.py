@@ -20,6 +20,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from common.channels import async_channel
 from protos.spotinfer.v1 import common_pb2, inference_pb2_grpc, worker_pb2
 from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
@@ -108,7 +109,7 @@ async def _one(stub: inference_pb2_grpc.InferenceStub, request_id: str, sla: int
 
 async def _burst(address: str) -> list[Outcome]:
     """Every request in flight at once, from its own call (half INTERACTIVE, half BATCH)."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with async_channel(address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         classes = (common_pb2.SLA_CLASS_INTERACTIVE, common_pb2.SLA_CLASS_BATCH)
         return list(
