@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.coordinator",
     "spotinfer.commands.daemon",
     "spotinfer.commands.drill",
+    "spotinfer.commands.simulate",
 )
 
 

@@ -62,7 +62,8 @@ class Node:
         self.last_t = launched_at
         self.stall_until = launched_at
         self.version = 0  # bumped whenever the next finish may have changed
-        self._finishes: list[tuple[float, int, SimRequest]] = []
+        self._finishes: list[tuple[float, int, int, SimRequest]] = []  # target, seq, placement
+        self._seq = 0
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -105,20 +106,23 @@ class Node:
         """``request`` joins the batch with ``have_tokens`` output tokens already in its
         context, after ``prefill_tokens`` are computed; returns when its first new token comes.
         Call ``advance(now)`` first."""
-        self.stall_until = max(self.stall_until, now) + self.calibration.prefill_seconds(
-            max(1, prefill_tokens) * request.weight
-        )
+        tokens = max(1, prefill_tokens)
+        stall_from = max(self.stall_until, now)
+        # A cohort's prefills hold the node for all of them, but each request's first token
+        # comes after its own: a cohort stands for requests that arrived spread out.
+        self.stall_until = stall_from + self.calibration.prefill_seconds(tokens * request.weight)
         request.node = self
         request.placement += 1
         request.have_tokens = have_tokens
         request.start_v = self.v
-        request.ready_at = self.stall_until
+        request.ready_at = stall_from + self.calibration.prefill_seconds(tokens)
         # The prefill makes the first new token; each step after it one more.
         request.target_v = self.v + max(0, request.output_tokens - have_tokens - 1)
         self.running.add(request)
         self.batch += request.weight
         self.context_tokens += _mean_context(request) * request.weight
-        heapq.heappush(self._finishes, (request.target_v, request.placement, request))
+        self._seq += 1
+        heapq.heappush(self._finishes, (request.target_v, self._seq, request.placement, request))
         self.version += 1
         return self.stall_until
 
@@ -141,7 +145,7 @@ class Node:
     def next_finish_time(self) -> float | None:
         """When the first running request finishes, if the batch stays as it is."""
         finishes = self._finishes
-        while finishes and finishes[0][1] != finishes[0][2].placement:
+        while finishes and finishes[0][2] != finishes[0][3].placement:
             heapq.heappop(finishes)
         if not finishes:
             return None
@@ -153,7 +157,7 @@ class Node:
         done = []
         finishes = self._finishes
         while finishes:
-            target, placement, request = finishes[0]
+            target, _, placement, request = finishes[0]
             if placement != request.placement:
                 heapq.heappop(finishes)
                 continue

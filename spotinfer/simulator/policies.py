@@ -5,13 +5,15 @@ spot capacity and what happens to a request when its node is noticed or lost; th
 | policy      | nodes                      | on a notice                | on a loss           |
 |-------------|----------------------------|----------------------------|---------------------|
 | spotinfer   | spot, spread, od fallback  | migrate (staged), 0 recompute | recover from store |
-| reroute     | spot, one zone             | restart from the prompt    | restart             |
+| reroute     | spot, spread               | restart from the prompt    | restart             |
 | on-demand   | on-demand only             | (never noticed)            | (never lost)        |
 | skyserve    | spot, spread, od fallback  | restart from the prompt    | restart             |
 
 ``reroute`` is what this coordinator's ``--failover-policy reroute`` does (a restart decodes
 the delivered tokens again; the relay drops them); ``skyserve`` is SkyServe's recipe as its
 paper describes it (zone spreading and on-demand fallback, client retries) without migration.
+Each pair differs in one thing: reroute → skyserve adds the fallback, skyserve → spotinfer
+adds migration and recovery from the store.
 """
 
 from __future__ import annotations
@@ -71,8 +73,7 @@ class SpotinferPolicy(Policy, name="spotinfer"):
 
 
 class ReroutePolicy(Policy, name="reroute"):
-    spread = False
-    description = "restart from the prompt elsewhere; one zone; no fallback"
+    description = "restart from the prompt elsewhere; spread; no fallback"
 
     def on_notice(self, sim: Simulation, node: Node) -> None:
         for request in sorted(node.running, key=lambda r: r.arrival):
@@ -94,6 +95,5 @@ class OnDemandPolicy(Policy, name="on-demand"):
 
 
 class SkyServePolicy(ReroutePolicy, name="skyserve"):
-    spread = True
     on_demand_fallback = True
     description = "spread over zones and on-demand fallback; restart on a notice (no migration)"

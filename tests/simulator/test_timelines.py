@@ -1,0 +1,105 @@
+"""Hand-computed timelines on a tiny fleet (see factories: a step 0.1 s, a prompt token
+0.01 s, 1 MB of KV per token, 100 MB/s, staging 0.5 s + MB/100, switch 0.2 s, boot 10 s).
+One request, prompt 10 tokens; undisturbed it has its first token at 0.1 s (the prefill)
+and one more every step."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotinfer.simulator.arrivals import SimRequest
+from spotinfer.simulator.node import Market, NodeState
+from spotinfer.simulator.simulation import ClusterAction
+from spotinfer.simulator.traces import AvailabilityTrace, CapacityEvent
+from tests.simulator.factories import autoscaled, scripted
+
+
+def one_request(output_tokens: int) -> SimRequest:
+    return SimRequest("r0", 0.0, prompt_tokens=10, output_tokens=output_tokens)
+
+
+def test_undisturbed_request() -> None:
+    request = one_request(11)
+    sim = scripted("spotinfer", [request], [])
+    assert request.first_token_at == pytest.approx(0.1)
+    assert request.finished_at == pytest.approx(0.1 + 10 * 0.1)
+    assert sim.counters.notices == 0
+
+
+def test_notice_staged_migration() -> None:
+    """Notice at 2.05 s: 20 tokens out, 30 of context → staging 0.5 + 30 MB / 100 = 0.8 s while
+    the source decodes; switch at 2.85 s with 28 tokens; the standby has it 0.2 s later, computes
+    one token (0.01 s) — token 29 at 3.06 s — and the 72 left by 10.26 s. Nothing recomputed."""
+    request = one_request(101)
+    sim = scripted("spotinfer", [request], [ClusterAction(2.05, "notice", "node-0")])
+    assert request.finished_at == pytest.approx(3.06 + 72 * 0.1)
+    assert request.migrations == 1
+    assert request.recomputed_tokens == 0
+    assert sim.counters.staged_switches == 1
+    node_1 = sim.fleet.nodes[1]
+    assert node_1.state == NodeState.ACTIVE  # promoted at the notice
+    assert sim.fleet.nodes[0].deadline == pytest.approx(2.05 + 40.0)
+
+
+def test_short_notice_flushes_then_loads() -> None:
+    """A 5 s grace leaves no time to stage (< 10 s left): pause at 2.05 s with 20 tokens, flush
+    30 MB (0.3 s), load 30 MB (0.3 s), one token (0.01 s): token 21 at 2.66 s, 80 more steps."""
+    request = one_request(101)
+    sim = scripted(
+        "spotinfer", [request], [ClusterAction(2.05, "notice", "node-0")], grace_seconds=5.0
+    )
+    assert request.finished_at == pytest.approx(2.66 + 80 * 0.1)
+    assert request.migrations == 1 and request.recomputed_tokens == 0
+    assert sim.counters.flushed_moves == 1
+
+
+def test_abrupt_loss_recovers_from_persisted_blocks() -> None:
+    """Killed at 2.05 s with 20 tokens: 30 tokens of context, one full 16-token block in the
+    store. The standby loads 16 MB (0.16 s), recomputes 14 tokens (0.14 s): token 21 at 2.35 s."""
+    request = one_request(101)
+    sim = scripted("spotinfer", [request], [ClusterAction(2.05, "kill", "node-0")])
+    assert request.finished_at == pytest.approx(2.35 + 80 * 0.1)
+    assert request.recoveries == 1
+    assert request.recomputed_tokens == 14
+    assert sim.fleet.nodes[0].gone_at == pytest.approx(2.05)
+
+
+def test_reroute_restarts_from_the_prompt() -> None:
+    """Noticed at 2.05 s with 20 tokens delivered: restarted on the standby from the prompt —
+    prefill 0.1 s, then all 100 tokens again; the 30 tokens of prompt + delivered are
+    recomputed (as the coordinator counts them)."""
+    request = one_request(101)
+    scripted("reroute", [request], [ClusterAction(2.05, "notice", "node-0")])
+    assert request.finished_at == pytest.approx(2.15 + 100 * 0.1)
+    assert request.first_token_at == pytest.approx(0.1)  # the client kept its first token
+    assert request.restarts == 1
+    assert request.recomputed_tokens == 30
+
+
+def test_on_demand_fallback_when_spot_capacity_is_gone() -> None:
+    """Zone a drops to 0 spot nodes at 5.05 s: the only node is noticed (30 s), no spot can be
+    launched, so an on-demand node boots (ready at 15.05 s). With no target the request is
+    paused and flushed (50 tokens, 60 MB: stored at 5.65 s), waits, and is loaded by the
+    on-demand node (0.6 s): token 51 at 15.66 s, then 949 steps."""
+    request = one_request(1000)
+    trace = AvailabilityTrace("drop", {"a": 1}, (CapacityEvent(5.05, "a", 0),), 0.0)
+    sim = autoscaled("spotinfer", [request], trace)
+    spot, fallback = sim.fleet.nodes
+    assert (spot.market, fallback.market) == (Market.SPOT, Market.ON_DEMAND)
+    assert fallback.launched_at == pytest.approx(5.05)
+    assert spot.gone_at == pytest.approx(35.05)
+    assert request.finished_at == pytest.approx(15.66 + 949 * 0.1)
+    assert request.recomputed_tokens == 0
+
+
+def test_without_fallback_the_request_waits_for_spot_capacity() -> None:
+    """The same drop under reroute (no fallback): capacity comes back at 60 s, a spot node boots
+    until 70 s, and the request (its node gone at 35.05 s) restarts there from the prompt."""
+    request = one_request(1000)
+    trace = AvailabilityTrace(
+        "drop and back", {"a": 1}, (CapacityEvent(5.05, "a", 0), CapacityEvent(60.0, "a", 1)), 0.0
+    )
+    sim = autoscaled("reroute", [request], trace)
+    assert all(n.market == Market.SPOT for n in sim.fleet.nodes)
+    assert sim.fleet.nodes[1].launched_at == pytest.approx(60.0)
+    assert request.finished_at == pytest.approx(70.0 + 0.1 + 999 * 0.1)
