@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spotinfer.cli import main as spotinfer_main
-from spotinfer.commands.simulate import DEFAULT_TRACE
+from spotinfer.commands.simulate import default_trace
 from spotinfer.simulator import report
 
 # (label, calibration, instance type, cohort): cohorts keep ≥ 8 per node's batch.
@@ -65,7 +65,7 @@ def cases(hours: float, trace: Path, waves_per_day: float) -> list[tuple[str, li
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hours", type=float, default=6.0)
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--trace", type=Path, default=default_trace())
     parser.add_argument("--waves-per-zone-per-day", type=float, default=8.0)
     parser.add_argument("--json", type=Path, default=Path("docs/bench/fleet_sim.json"))
     parser.add_argument("--png", type=Path, default=Path("docs/bench/fleet_sim.png"))

@@ -17,7 +17,15 @@ from spotinfer.errors import UserError
 TARGET_SIMULATED_REQUESTS = 1_500_000
 # ...but a node's batch always holds at least this many cohorts.
 MIN_COHORTS_PER_BATCH = 8
-DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "spotserve" / "As.jsonl"
+TRACE_IN_SHARED = Path("shared") / "traces" / "spotserve" / "As.jsonl"
+
+
+def default_trace() -> Path:
+    """SpotServe's A_S trace beside the checkout (the first ``shared/`` above it)."""
+    for folder in Path(__file__).resolve().parents:
+        if (folder / TRACE_IN_SHARED).exists():
+            return folder / TRACE_IN_SHARED
+    return Path("..") / TRACE_IN_SHARED
 
 
 def register(subparsers: Any) -> None:
@@ -28,6 +36,7 @@ def register(subparsers: Any) -> None:
     _register_run(actions)
     _register_calibrate(actions)
     _register_validate(actions)
+
     def usage(args: argparse.Namespace) -> int:
         parser.print_help()
         return 2
@@ -292,6 +301,8 @@ def validate_command(args: argparse.Namespace) -> int:
         "recomputed",
         "migrations",
         "restarts",
+        "meas./pred. while a node boots",
+        "meas./pred. otherwise",
     ):
         grid.add_column(column, justify="right")
     rows = []
@@ -309,6 +320,8 @@ def validate_command(args: argparse.Namespace) -> int:
                 "recomputed_tokens": prediction.recomputed_tokens,
                 "migrations": prediction.migrations,
                 "restarts": prediction.restarts,
+                "measured_over_predicted_while_a_node_boots": prediction.ratio_during_boots,
+                "measured_over_predicted_otherwise": prediction.ratio_otherwise,
             }
         )
         grid.add_row(
@@ -322,6 +335,8 @@ def validate_command(args: argparse.Namespace) -> int:
             f"{prediction.recomputed_tokens:,}",
             str(prediction.migrations),
             str(prediction.restarts),
+            f"{prediction.ratio_during_boots:.2f}",
+            f"{prediction.ratio_otherwise:.2f}",
         )
     Console().print(grid)
     if args.json:

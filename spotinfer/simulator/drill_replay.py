@@ -10,13 +10,14 @@ that the simulator's prediction can be held against what the drill measured.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spotinfer.drills.runner import DrillOptions, plan
 from spotinfer.loadgen import percentile
-from spotinfer.simulator.arrivals import from_planned
+from spotinfer.simulator.arrivals import SimRequest, from_planned
 from spotinfer.simulator.calibration import Calibration
 from spotinfer.simulator.fleet import FleetSpec
 from spotinfer.simulator.node import NodeState
@@ -40,6 +41,7 @@ class DrillRun:
     initial: tuple[InitialNode, ...]
     options: DrillOptions
     grace_seconds: float
+    measured_e2e_seconds: tuple[float | None, ...] = ()  # per request, plan order
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class Prediction:
     recomputed_tokens: int
     migrations: int
     restarts: int
+    # measured / predicted e2e, medians: requests that ran while a replacement booted on the
+    # drill's machine (a join less than boot_seconds before their end) and the others
+    ratio_during_boots: float = float("nan")
+    ratio_otherwise: float = float("nan")
 
     @property
     def p50_residual(self) -> float:
@@ -91,6 +97,7 @@ def load_runs(path: Path, scenario: str = "rolling") -> list[DrillRun]:
                 initial=initial,
                 options=options,
                 grace_seconds=grace,
+                measured_e2e_seconds=tuple(detail.get("e2e_seconds", ())),
             )
         )
     return runs
@@ -130,7 +137,10 @@ def replay(run: DrillRun, calibration: Calibration) -> tuple[Prediction, Simulat
     )
     sim.run()
     e2e = [r.e2e_seconds for r in requests if r.e2e_seconds is not None]
+    during, otherwise = _ratios_by_boot(run, requests, calibration.boot_seconds)
     prediction = Prediction(
+        ratio_during_boots=during,
+        ratio_otherwise=otherwise,
         run=run,
         p50_seconds=percentile(e2e, 0.5),
         p99_seconds=percentile(e2e, 0.99),
@@ -139,3 +149,22 @@ def replay(run: DrillRun, calibration: Calibration) -> tuple[Prediction, Simulat
         restarts=sum(r.restarts for r in requests),
     )
     return prediction, sim
+
+
+def _ratios_by_boot(
+    run: DrillRun, requests: list[SimRequest], boot_seconds: float
+) -> tuple[float, float]:
+    joins = [a.time_seconds for a in run.actions if a.kind == "join"]
+    during: list[float] = []
+    otherwise: list[float] = []
+    for measured, request in zip(run.measured_e2e_seconds, requests, strict=False):
+        if measured is None or request.e2e_seconds is None:
+            continue
+        end = request.arrival + measured
+        booting = any(j < end and request.arrival < j + boot_seconds for j in joins)
+        (during if booting else otherwise).append(measured / request.e2e_seconds)
+    return _median(during), _median(otherwise)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

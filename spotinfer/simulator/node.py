@@ -124,7 +124,7 @@ class Node:
         self._seq += 1
         heapq.heappush(self._finishes, (request.target_v, self._seq, request.placement, request))
         self.version += 1
-        return self.stall_until
+        return request.ready_at
 
     def remove(self, request: SimRequest) -> int:
         """Takes ``request`` out (it moves or its node is gone); returns the output tokens it

@@ -316,10 +316,11 @@ class Simulation:
     # -- what policies call ----------------------------------------------------------------
 
     def migrate_all(self, node: Node) -> None:
-        """Every request of noticed ``node`` moves with its KV: staged (the target prefetches
-        while the source decodes, then a short switch) when the stages fit the coordinator's
-        budget, else paused and flushed to the store, then loaded by the target. What a flush
-        cannot save by the deadline is recovered from the persisted blocks."""
+        """Every request of noticed ``node`` moves with its KV: staged (its target prefetches
+        the persisted blocks while the source decodes, then a short switch) when the stages
+        fit the coordinator's budget, else paused, its partial block flushed to the store, and
+        loaded by the target. What a flush cannot save by the deadline is recovered from the
+        persisted blocks."""
         calibration = self.calibration
         now = self.clock.now
         node.advance(now)
@@ -335,12 +336,14 @@ class Simulation:
                 target.reserved += request.weight  # held through the stages or the flush
             pairs.append((request, target))
         targeted = [(r, t) for r, t in pairs if t is not None]
-        megabytes = sum(
-            calibration.kv_megabytes((r.prompt_tokens + node.tokens_of(r)) * r.weight)
-            for r, _ in targeted
-        )
-        stage_seconds = (
-            calibration.staging_overhead_seconds + megabytes / calibration.peer_mb_per_second
+        # Each target prefetches the blocks eager persistence already stored; targets stage
+        # side by side, so the slowest one sets the time.
+        per_target: dict[Node, float] = collections.defaultdict(float)
+        for request, target in targeted:
+            persisted = self._persisted(request.prompt_tokens + node.tokens_of(request))
+            per_target[target] += calibration.kv_megabytes(persisted * request.weight)
+        stage_seconds = calibration.staging_overhead_seconds + (
+            max(per_target.values(), default=0.0) / calibration.peer_mb_per_second
         )
         if targeted and len(targeted) == len(pairs) and budget > 0 and stage_seconds <= budget:
             self.clock.after(stage_seconds, self._switch, node, targeted)
@@ -368,7 +371,10 @@ class Simulation:
                 target.reserved -= request.weight  # _move holds it again
             tokens = self._detach(request)
             context = request.prompt_tokens + tokens
-            flushed_mb += calibration.kv_megabytes(context * request.weight)
+            # Full blocks are in the store already (eager persistence): the flush writes the
+            # partial block of each request, one after the other through the node's link.
+            tail = context - self._persisted(context)
+            flushed_mb += calibration.kv_megabytes(tail * request.weight)
             stored_at = now + flushed_mb / calibration.store_write_mb_per_second
             if stored_at <= node.deadline:
                 request.migrations += 1
@@ -389,11 +395,16 @@ class Simulation:
                 self._move(request, target, wait, pending.prefill_tokens, pending.have_tokens)
         self._pump()
 
+    def _persisted(self, context_tokens: int) -> int:
+        """Tokens of a context whose KV eager persistence has stored: its full blocks."""
+        block = self.calibration.block_tokens
+        return context_tokens // block * block
+
     def _recovery(self, request: SimRequest, tokens: int, since: float) -> Pending:
         """Resume from what eager persistence stored: every full block; the rest is recomputed."""
         calibration = self.calibration
         context = request.prompt_tokens + tokens
-        persisted = context // calibration.block_tokens * calibration.block_tokens
+        persisted = self._persisted(context)
         recompute = context - persisted
         request.recoveries += 1
         request.recomputed_tokens += recompute * request.weight
@@ -530,6 +541,8 @@ class Simulation:
             node.gone_at = self.clock.now
             return
         self.fleet.leave_routing(node, NodeState.DRAINING)
+        if len(self.fleet.active) < self.config.fleet.nodes:
+            self.fleet.promote()
         if node.in_flight == 0:
             self._gone(node)
 

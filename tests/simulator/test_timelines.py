@@ -27,12 +27,13 @@ def test_undisturbed_request() -> None:
 
 
 def test_notice_staged_migration() -> None:
-    """Notice at 2.05 s: 20 tokens out, 30 of context → staging 0.5 + 30 MB / 100 = 0.8 s while
-    the source decodes; switch at 2.85 s with 28 tokens; the standby has it 0.2 s later, computes
-    one token (0.01 s) — token 29 at 3.06 s — and the 72 left by 10.26 s. Nothing recomputed."""
+    """Notice at 2.05 s: 20 tokens out, 30 of context, one full block (16 MB) in the store →
+    staging 0.5 + 16 / 100 = 0.66 s while the source decodes; switch at 2.71 s with 27 tokens;
+    the standby has it 0.2 s later, computes one token (0.01 s) — token 28 at 2.92 s — and the
+    73 left by 10.22 s. Nothing recomputed."""
     request = one_request(101)
     sim = scripted("spotinfer", [request], [ClusterAction(2.05, "notice", "node-0")])
-    assert request.finished_at == pytest.approx(3.06 + 72 * 0.1)
+    assert request.finished_at == pytest.approx(2.92 + 73 * 0.1)
     assert request.migrations == 1
     assert request.recomputed_tokens == 0
     assert sim.counters.staged_switches == 1
@@ -42,13 +43,14 @@ def test_notice_staged_migration() -> None:
 
 
 def test_short_notice_flushes_then_loads() -> None:
-    """A 5 s grace leaves no time to stage (< 10 s left): pause at 2.05 s with 20 tokens, flush
-    30 MB (0.3 s), load 30 MB (0.3 s), one token (0.01 s): token 21 at 2.66 s, 80 more steps."""
+    """A 5 s grace leaves no time to stage (< 10 s left): pause at 2.05 s with 20 tokens; the
+    full block is stored already, the flush writes the 14-token tail (0.14 s); the standby loads
+    all 30 MB (0.3 s) and computes one token (0.01 s): token 21 at 2.50 s, 80 more steps."""
     request = one_request(101)
     sim = scripted(
         "spotinfer", [request], [ClusterAction(2.05, "notice", "node-0")], grace_seconds=5.0
     )
-    assert request.finished_at == pytest.approx(2.66 + 80 * 0.1)
+    assert request.finished_at == pytest.approx(2.50 + 80 * 0.1)
     assert request.migrations == 1 and request.recomputed_tokens == 0
     assert sim.counters.flushed_moves == 1
 
@@ -79,8 +81,8 @@ def test_reroute_restarts_from_the_prompt() -> None:
 def test_on_demand_fallback_when_spot_capacity_is_gone() -> None:
     """Zone a drops to 0 spot nodes at 5.05 s: the only node is noticed (30 s), no spot can be
     launched, so an on-demand node boots (ready at 15.05 s). With no target the request is
-    paused and flushed (50 tokens, 60 MB: stored at 5.65 s), waits, and is loaded by the
-    on-demand node (0.6 s): token 51 at 15.66 s, then 949 steps."""
+    paused at 50 tokens (60 of context; its 12-token tail stored at 5.17 s), waits, and is
+    loaded by the on-demand node (60 MB, 0.6 s): token 51 at 15.66 s, then 949 steps."""
     request = one_request(1000)
     trace = AvailabilityTrace("drop", {"a": 1}, (CapacityEvent(5.05, "a", 0),), 0.0)
     sim = autoscaled("spotinfer", [request], trace)
