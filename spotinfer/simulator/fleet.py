@@ -2,9 +2,10 @@
 
 The fleet wants ``nodes`` serving nodes and ``standbys`` warm standbys. It launches spot
 nodes where a zone has capacity (spread: the zone with fewest of its nodes; else the first
-zone only); with on-demand fallback it launches on-demand nodes while spot cannot hold
-``nodes``, and retires them (drains: no new requests, the running ones finish) once enough
-spot nodes are ready again.
+zone only). With on-demand fallback it launches on-demand nodes only while spot nodes cannot
+hold the load — the nodes the load needs (the simulation's autoscaler measures it), at most
+``nodes`` — and retires them (drains: no new requests, the running ones finish) once ready
+spot nodes hold it again.
 """
 
 from __future__ import annotations
@@ -107,9 +108,14 @@ class Fleet:
         return self._rng.sample(held, excess) if excess > 0 else []
 
     def plan(
-        self, now: float, launch: Callable[[Market, str], None], retire: Callable[[Node], None]
+        self,
+        launch: Callable[[Market, str], None],
+        retire: Callable[[Node], None],
+        demand_nodes: int | None = None,
     ) -> None:
-        """Launches what the fleet lacks and retires on-demand nodes it no longer needs."""
+        """Launches what the fleet lacks and retires on-demand nodes it no longer needs.
+        ``demand_nodes``: the nodes the load needs now (None: all ``nodes``); on-demand
+        fallback covers what spot cannot of min(nodes, demand_nodes)."""
         if not self.spec.autoscale:
             return
         wanted = self.spec.nodes + self.spec.standbys
@@ -123,16 +129,22 @@ class Fleet:
                 zone = min(room, key=lambda z: (len(self.held(z)), z))
                 launch(Market.SPOT, zone)
                 spot_live += 1
-        if not (self.policy.on_demand_fallback or not self.policy.uses_spot):
+        if not self.policy.uses_spot:
+            for _ in range(self.spec.nodes - self.count(LIVE, Market.ON_DEMAND)):
+                launch(Market.ON_DEMAND, "on-demand")
             return
-        spot_live = self.count(LIVE, Market.SPOT) if self.policy.uses_spot else 0
+        if not self.policy.on_demand_fallback:
+            return
+        needed = self.spec.nodes if demand_nodes is None else min(self.spec.nodes, demand_nodes)
         od_live = self.count(LIVE, Market.ON_DEMAND)
-        missing = self.spec.nodes - spot_live - od_live
-        for _ in range(max(0, missing)):
+        od_wanted = max(0, needed - self.count(LIVE, Market.SPOT))
+        for _ in range(od_wanted - od_live):
             launch(Market.ON_DEMAND, "on-demand")
-        spot_ready = self.count(READY, Market.SPOT)
-        surplus = min(od_live, spot_ready + od_live - self.spec.nodes)
-        if self.policy.uses_spot and surplus > 0:
+        # Retire only what ready spot nodes already replace (booting ones do not serve yet).
+        surplus = min(od_live - od_wanted, od_live + self.count(READY, Market.SPOT) - needed)
+        if surplus > 0:
             retiring = [n for n in self.nodes if n.market == Market.ON_DEMAND and n.state in LIVE]
-            for node in sorted(retiring, key=lambda n: n.in_flight)[:surplus]:
+            for node in sorted(retiring, key=lambda n: (n.state != NodeState.BOOTING, n.in_flight))[
+                :surplus
+            ]:
                 retire(node)

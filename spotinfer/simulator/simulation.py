@@ -15,6 +15,7 @@ restart, after the new call's set-up.
 from __future__ import annotations
 
 import collections
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ SERVICE_ORDER = (SlaClass.INTERACTIVE, SlaClass.BATCH)
 # → Generate): two back-offs of the load generator.
 CLIENT_RETRY_SECONDS = 2 * REATTACH_BACKOFF_SECONDS
 DRAIN_SECONDS = 3600.0  # after the last arrival, requests may finish for this long
+# The autoscaler measures the load this often, and asks for the nodes that keep it under this
+# utilization (assumption; on-demand fallback only buys nodes the load needs).
+AUTOSCALE_INTERVAL_SECONDS = 60.0
+TARGET_UTILIZATION = 0.8
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,8 @@ class Simulation:
         self._delivered: dict[SimRequest, int] = {}  # tokens the client has, once interrupted
         self._attempts: dict[SimRequest, int] = {}
         self._outstanding = len(self.requests)
+        self._demand_nodes: int | None = None  # unknown until the first measurement
+        self._arrived_work_seconds = 0.0  # node-seconds of the requests since the last tick
         self.end_seconds = 0.0
         self._start(initial, script)
 
@@ -148,7 +155,9 @@ class Simulation:
                 node = self.fleet.launch(spec.market, spec.zone, 0.0, spec.state, spec.node_id)
                 node.last_t = node.stall_until = 0.0
         else:  # the fleet as it stands at the start: every node ready
-            self.fleet.plan(0.0, self._launch_ready, self._retire)
+            self.fleet.plan(self._launch_ready, self._retire)
+            if self.config.fleet.autoscale:
+                self.clock.at(AUTOSCALE_INTERVAL_SECONDS, self._autoscale)
         overhead = self.calibration.request_overhead_seconds
         for request in self.requests:
             self.clock.at(request.arrival + overhead, self._arrive, request)
@@ -183,7 +192,31 @@ class Simulation:
 
     # -- arrivals and admission ------------------------------------------------------------
 
+    def _autoscale(self) -> None:
+        """Every interval: the nodes the last interval's load needs, or what is in flight."""
+        calibration = self.calibration
+        busy = self._arrived_work_seconds / AUTOSCALE_INTERVAL_SECONDS / TARGET_UTILIZATION
+        in_flight = sum(n.in_flight for n in self.fleet.nodes) + sum(
+            r.weight for q in self._queues.values() for r in q
+        )
+        self._demand_nodes = max(math.ceil(busy), math.ceil(in_flight / calibration.max_num_seqs))
+        self._arrived_work_seconds = 0.0
+        self._plan()
+        if self._outstanding > 0:
+            self.clock.after(AUTOSCALE_INTERVAL_SECONDS, self._autoscale)
+
+    def _work_seconds(self, request: SimRequest) -> float:
+        """A node's time for ``request`` at a full batch (the load's measure)."""
+        calibration = self.calibration
+        batch = calibration.max_num_seqs
+        context = request.prompt_tokens + request.output_tokens / 2
+        step = calibration.step_seconds(batch, batch * context)
+        decode = request.output_tokens * step / batch
+        return (decode + calibration.prefill_seconds(request.prompt_tokens)) * request.weight
+
     def _arrive(self, request: SimRequest) -> None:
+        if request not in self._attempts:
+            self._arrived_work_seconds += self._work_seconds(request)
         if not self.fleet.active and self.fleet.promote() is None:
             attempts = self._attempts.get(request, 0) + 1
             self._attempts[request] = attempts
@@ -528,7 +561,7 @@ class Simulation:
         self._pump()
 
     def _plan(self) -> None:
-        self.fleet.plan(self.clock.now, self._launch, self._retire)
+        self.fleet.plan(self._launch, self._retire, self._demand_nodes)
 
     def _launch(self, market: Market, zone: str) -> None:
         node = self.fleet.launch(market, zone, self.clock.now, NodeState.BOOTING)

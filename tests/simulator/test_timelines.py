@@ -105,3 +105,15 @@ def test_without_fallback_the_request_waits_for_spot_capacity() -> None:
     assert all(n.market == Market.SPOT for n in sim.fleet.nodes)
     assert sim.fleet.nodes[1].launched_at == pytest.approx(60.0)
     assert request.finished_at == pytest.approx(70.0 + 0.1 + 999 * 0.1)
+
+
+def test_no_on_demand_while_spot_holds_the_load() -> None:
+    """Two nodes wanted, one light request: when the zone drops to one spot node at 100 s (the
+    autoscaler measured at 60 s that one node holds the load), no on-demand node is bought and
+    the request moves to the node that stays."""
+    request = one_request(2000)
+    trace = AvailabilityTrace("drop", {"a": 2}, (CapacityEvent(100.0, "a", 1),), 0.0)
+    sim = autoscaled("spotinfer", [request], trace, nodes=2)
+    assert all(n.market == Market.SPOT for n in sim.fleet.nodes)
+    assert sim.counters.notices == 1
+    assert request.finished_at is not None and request.recomputed_tokens == 0
