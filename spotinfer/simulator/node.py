@@ -108,14 +108,18 @@ class Node:
         Call ``advance(now)`` first."""
         tokens = max(1, prefill_tokens)
         stall_from = max(self.stall_until, now)
-        # A cohort's prefills hold the node for all of them, but each request's first token
-        # comes after its own: a cohort stands for requests that arrived spread out.
         self.stall_until = stall_from + self.calibration.prefill_seconds(tokens * request.weight)
         request.node = self
         request.placement += 1
         request.have_tokens = have_tokens
         request.start_v = self.v
-        request.ready_at = stall_from + self.calibration.prefill_seconds(tokens)
+        if request.weight == 1:
+            request.ready_at = self.stall_until
+        else:
+            # A cohort stands for requests that arrived spread out: their prefills hold the
+            # node for all of them, but each one's first token comes after its own, and not
+            # after another cohort's (which in truth interleave with it).
+            request.ready_at = now + self.calibration.prefill_seconds(tokens)
         # The prefill makes the first new token; each step after it one more.
         request.target_v = self.v + max(0, request.output_tokens - have_tokens - 1)
         self.running.add(request)
