@@ -20,6 +20,8 @@ from spotinfer.cli import main as spotinfer_main
 from spotinfer.commands.simulate import default_trace
 from spotinfer.simulator import report
 
+# A chat service's targets on a GPU (an assumption; the CLI's default is the tuner's CPU one).
+INTERACTIVE_SLO = "1,0.05"
 # (label, calibration, instance type, cohort): cohorts keep ≥ 8 per node's batch.
 MODELS = (
     ("8B/H100", "llama3-8b-h100", "h100x1", 16),
@@ -43,6 +45,8 @@ def cases(hours: float, trace: Path, waves_per_day: float) -> list[tuple[str, li
             str(hours),
             "--cohort",
             str(cohort),
+            "--slo-interactive",
+            INTERACTIVE_SLO,
         ]
         out.append((f"A_S · {label}", [*common, "--trace", str(trace)]))
         out.append(

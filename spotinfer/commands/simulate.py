@@ -82,6 +82,10 @@ def _register_run(actions: Any) -> None:
     run.add_argument("--output-tokens", default="128,1024")
     run.add_argument("--batch-fraction", type=float, default=0.3, help="share of BATCH requests")
     run.add_argument(
+        "--slo-interactive", default="2,0.15", help="TTFT,TPOT seconds (default: the tuner's)"
+    )
+    run.add_argument("--slo-batch", default="600,1", help="TTFT,TPOT seconds")
+    run.add_argument(
         "--cohort", type=int, default=0, help="requests per simulated cohort (0: auto)"
     )
     run.add_argument("--seed", type=int, default=0)
@@ -139,6 +143,7 @@ def run_command(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from coordinator.constants import NOTICE_SECONDS_BY_CLOUD
+    from spotinfer.requests import SlaClass
     from spotinfer.simulator import arrivals, costs, report, traces
     from spotinfer.simulator.fleet import FleetSpec
     from spotinfer.simulator.policies import Policy
@@ -168,6 +173,10 @@ def run_command(args: argparse.Namespace) -> int:
             f"{MIN_COHORTS_PER_BATCH} per node's batch[/]"
         )
     trace = _trace(args, duration, traces)
+    slos = {
+        SlaClass.INTERACTIVE: _slo(args.slo_interactive, "slo-interactive", arrivals),
+        SlaClass.BATCH: _slo(args.slo_batch, "slo-batch", arrivals),
+    }
     grace = (
         args.grace_seconds
         if args.grace_seconds is not None
@@ -215,7 +224,7 @@ def run_command(args: argparse.Namespace) -> int:
 
             sim.run(tick)
         wall = time.perf_counter() - started
-        summaries.append(report.summarize(sim, price, scenario, wall_seconds=wall))
+        summaries.append(report.summarize(sim, price, scenario, slos, wall_seconds=wall))
     console.print(report.table(summaries, title=f"{scenario} · {cal.name} · {args.nodes} nodes"))
     meta = {
         "command": "spotinfer simulate run " + " ".join(_argv(args)),
@@ -235,6 +244,14 @@ def run_command(args: argparse.Namespace) -> int:
     if args.png:
         report.plot(summaries, args.png, title=f"{scenario} · {cal.name}")
     return 0
+
+
+def _slo(text: str, name: str, arrivals: Any) -> Any:
+    try:
+        ttft, tpot = (float(v) for v in text.split(","))
+    except ValueError as exc:
+        raise UserError(f"--{name} must be TTFT,TPOT in seconds, got {text!r}") from exc
+    return arrivals.Slo(ttft_seconds=ttft, tpot_seconds=tpot)
 
 
 def _trace(args: argparse.Namespace, duration: float, traces: Any) -> Any:
