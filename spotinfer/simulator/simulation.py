@@ -245,14 +245,26 @@ class Simulation:
     def _place(
         self, request: SimRequest, exclude: Node | None = None, avoid_zone: str | None = None
     ) -> Node | None:
-        """The least-loaded active node with room (outside ``avoid_zone`` first)."""
-        weight = request.weight
-        candidates = [n for n in self.fleet.active if n.free_slots >= weight and n is not exclude]
-        if not candidates:
-            return None
+        """The least-loaded active node with room (outside ``avoid_zone`` first). The hottest
+        loop of a run: plain attribute reads only."""
+        limit = self.calibration.max_num_seqs - request.weight
+        best: Node | None = None
+        best_load = limit + 1
         if avoid_zone is None:
-            return min(candidates, key=_in_flight)
-        return min(candidates, key=lambda n: (n.zone == avoid_zone, n.in_flight))
+            for node in self.fleet.active:
+                load = node.batch + node.reserved
+                if load < best_load and node is not exclude:
+                    best, best_load = node, load
+            return best
+        best_key = (True, best_load)
+        for node in self.fleet.active:
+            load = node.batch + node.reserved
+            if load > limit or node is exclude:
+                continue
+            key = (node.zone == avoid_zone, load)
+            if key < best_key:
+                best, best_key = node, key
+        return best
 
     def _target(self, request: SimRequest, source: Node | None) -> Node | None:
         """Where a moving request goes: a node with room, else a promoted standby."""
@@ -583,7 +595,3 @@ class Simulation:
 
     def delivered_tokens(self, request: SimRequest) -> int:
         return self._delivered.get(request, 0)
-
-
-def _in_flight(node: Node) -> int:
-    return node.in_flight
