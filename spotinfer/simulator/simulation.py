@@ -158,9 +158,11 @@ class Simulation:
             self.fleet.plan(self._launch_ready, self._retire)
             if self.config.fleet.autoscale:
                 self.clock.at(AUTOSCALE_INTERVAL_SECONDS, self._autoscale)
-        overhead = self.calibration.request_overhead_seconds
-        for request in self.requests:
-            self.clock.at(request.arrival + overhead, self._arrive, request)
+        # Arrivals enter the clock one at a time (each schedules the next): the heap stays the
+        # size of what is in flight, not of the whole day.
+        self._arrivals = sorted(self.requests, key=lambda r: r.arrival)
+        if self._arrivals:
+            self._schedule_arrival(0)
         for event in self.trace.events:
             self.clock.at(event.time_seconds, self._capacity, event.zone, event.capacity)
         for action in script:
@@ -213,6 +215,16 @@ class Simulation:
         step = calibration.step_seconds(batch, batch * context)
         decode = request.output_tokens * step / batch
         return (decode + calibration.prefill_seconds(request.prompt_tokens)) * request.weight
+
+    def _schedule_arrival(self, index: int) -> None:
+        request = self._arrivals[index]
+        overhead = self.calibration.request_overhead_seconds
+        self.clock.at(request.arrival + overhead, self._arrive_next, index)
+
+    def _arrive_next(self, index: int) -> None:
+        if index + 1 < len(self._arrivals):
+            self._schedule_arrival(index + 1)
+        self._arrive(self._arrivals[index])
 
     def _arrive(self, request: SimRequest) -> None:
         if request not in self._attempts:
