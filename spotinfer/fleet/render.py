@@ -202,7 +202,9 @@ def _evaluate(expression: str, scope: dict[str, Any]) -> Any:
 
 
 def _split_arguments(text: str) -> list[str]:
-    parts, depth, quoted, current = [], 0, False, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quoted = 0, False
     for char in text:
         if char == '"' and (not current or current[-1] != "\\"):
             quoted = not quoted
