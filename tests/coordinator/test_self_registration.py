@@ -10,13 +10,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
 from protos.spotinfer.v1 import common_pb2, control_pb2
 from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess, free_port
-from tests.coordinator.conftest import WORKER_FLAGS, assemble, wait_for_health
+from tests.coordinator.conftest import WORKER_FLAGS, assemble, status_of, wait_for_health
 from tests.support.wait import wait_until
 
 LEASE_INTERVAL_SECONDS = 1.0
@@ -81,6 +82,18 @@ def test_a_worker_joins_serves_is_relearnt_and_leaves(
     )
     assert len(info.model_fingerprint) == 32 and 0 < info.lease_expires_in_seconds <= 4.0
     wait_for_health(coordinator, health_pb2.HealthCheckResponse.SERVING)
+
+    # Another model is refused over the wire, both fingerprints named.
+    other = "0" * 32
+    with pytest.raises(grpc.RpcError) as refused:
+        coordinator.control.RegisterWorker(
+            control_pb2.RegisterWorkerRequest(
+                address=f"127.0.0.1:{free_port()}", model_fingerprint=other, lease_ttl_seconds=4
+            ),
+            timeout=10,
+        )
+    assert status_of(refused.value) == grpc.StatusCode.FAILED_PRECONDITION
+    assert other in refused.value.details() and info.model_fingerprint in refused.value.details()  # type: ignore[attr-defined]
 
     # A text prompt: this coordinator has no --model, so the tokenizer is the registered one.
     request = common_pb2.GenerateRequest(
