@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.config_source import ConfigSource, unique_name
+from common.messages import POOL_CLOUDS
 from common.tuning_file import load_tuning_file
 from coordinator.constants import (
     DEFAULT_BATCH_QUEUE_CAPACITY,
@@ -27,6 +28,7 @@ from coordinator.constants import (
     DEFAULT_HTTP_PORT,
     DEFAULT_INTERACTIVE_QUEUE_CAPACITY,
     DEFAULT_LOST_AFTER_SECONDS,
+    DEFAULT_MAX_LEASE_TTL_SECONDS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_RECORD_RETENTION_SECONDS,
     DEFAULT_RECORD_TTL_SECONDS,
@@ -40,7 +42,24 @@ from store.store_config import StoreConfig
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "address to listen on; 0.0.0.0 on a VM (the boot unit passes it)"},
+    )
+    advertise_address: str = field(
+        default="",
+        metadata={
+            "help": "the address other coordinators reach this one at (route records); "
+            "empty: from the --cloud metadata service, else --host"
+        },
+    )
+    cloud: str = field(
+        default="",
+        metadata={
+            "help": "aws | gcp | azure: the advertised address defaults to the VM's private "
+            "address from that cloud's metadata service; empty: not on a cloud"
+        },
+    )
     port: int = field(default=DEFAULT_GRPC_PORT, metadata={"help": "gRPC port; 0 picks a free one"})
     http_port: int = field(
         default=DEFAULT_HTTP_PORT,
@@ -68,7 +87,15 @@ class CoordinatorConfig:
         default="",
         metadata={
             "help": "the model folder the workers serve: its tokenizer tokenizes text prompts "
-            "and applies the chat template; empty: token-id prompts only"
+            "and applies the chat template; empty: the model the first worker registered "
+            "with (token-id prompts only until one has)"
+        },
+    )
+    model_fingerprint: str = field(
+        default="",
+        metadata={
+            "help": "the model fingerprint every registering worker must serve; empty: the "
+            "first worker to register fixes it (see coordinator/fleet_model.py)"
         },
     )
     served_model_name: str = field(
@@ -123,6 +150,13 @@ class CoordinatorConfig:
         default=DEFAULT_LOST_AFTER_SECONDS,
         metadata={"help": "a worker silent this long is lost"},
     )
+    max_lease_ttl_seconds: float = field(
+        default=DEFAULT_MAX_LEASE_TTL_SECONDS,
+        metadata={
+            "help": "the longest lease a registering worker may hold (it asks for its own "
+            "--lease-ttl-seconds); a worker not renewed within it takes no new request"
+        },
+    )
     standby_pool_size: int = field(
         default=DEFAULT_STANDBY_POOL_SIZE,
         metadata={"help": "warm standbys to keep; fewer ready is logged as a warning"},
@@ -172,12 +206,16 @@ class CoordinatorConfig:
                 f"lost_after_seconds ({self.lost_after_seconds}) must be longer than "
                 f"heartbeat_interval_seconds ({self.heartbeat_interval_seconds})"
             )
+        if self.max_lease_ttl_seconds <= 0:
+            raise ValueError("max_lease_ttl_seconds must be positive")
         if self.retention_seconds < 0:
             raise ValueError("retention_seconds must not be negative")
         if self.record_retention_seconds <= 0:
             raise ValueError("record_retention_seconds must be positive")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be at least 1024")
+        if self.cloud not in ("", *POOL_CLOUDS):
+            raise ValueError(f"cloud must be one of {POOL_CLOUDS} or empty, got {self.cloud!r}")
         if not self.coordinator_id:
             raise ValueError("coordinator_id must not be empty")
 
