@@ -267,6 +267,7 @@ class Coordinator:
                 config.record_ttl_seconds,
                 config.record_retention_seconds,
                 RECORD_FLUSH_INTERVAL_SECONDS,
+                config.store,
             )
             if config.store.url
             else None
