@@ -97,7 +97,6 @@ _FIXED = struct.Struct(f"<4sHHIHIIQ{BLOCK_HASH_BYTES}s{BLOCK_HASH_BYTES}sBHI{MAC
 _CRC_OFFSET = 8
 _CRC_COVERS_FROM = 12
 _MAC_OFFSET = _FIXED.size - MAC_BYTES
-_MAC_KEY_ID_OFFSET = _MAC_OFFSET - 4
 MAX_DTYPE_CHARS = 255
 MAX_LAYOUT_CHARS = 65535 - _FIXED.size - MAX_DTYPE_CHARS
 
@@ -287,12 +286,12 @@ def seal_block(
         fingerprint_digest(kv_format.model_fingerprint),
         len(dtype),
         len(layout),
-        0,
+        keyring.current_id,
         bytes(MAC_BYTES),
     )
     data[_FIXED.size : header_len] = dtype + layout
-    key_id, mac = keyring.sign(_mac_parts(data))
-    struct.pack_into(f"<I{MAC_BYTES}s", data, _MAC_KEY_ID_OFFSET, key_id, mac)
+    _, mac = keyring.sign(_mac_parts(data))  # covers the key id, not the MAC's own bytes
+    data[_MAC_OFFSET : _FIXED.size] = mac
     struct.pack_into("<I", data, _CRC_OFFSET, crc32(data[_CRC_COVERS_FROM:]))
     return EncodedBlock(
         prefix_hash=prefix_hash,

@@ -12,10 +12,12 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spotinfer.local.cluster_ca import ClusterCA, IssuedCert
 from store.acl import Role, acl_file_line
 from store.mac_keyring import new_keyring_text
+from store.store_config import StoreConfig
 
 ADMIN_USER = "default"
 ACL_FILE = "users.acl"
@@ -71,6 +73,17 @@ class RedisSecurity:
             *("--tls-auth-clients", "optional"),
             *("--aclfile", str(self.acl_file)),
         ]
+
+    def store_config(self, url: str, role: Role, **overrides: Any) -> StoreConfig:
+        """The StoreConfig of a process of ``role`` on the rediss:// ``url``."""
+        settings: dict[str, Any] = {
+            "url": url,
+            "tls_ca_file": str(self.ca_file),
+            "username": role.value,
+            "password_file": str(self.password_file(role.value)),
+            "mac_key_file": str(self.keyring_file),
+        }
+        return StoreConfig(**{**settings, **overrides})
 
     def store_flags(self, url: str, role: Role) -> list[str]:
         """The store flags of a process of ``role`` on the rediss:// ``url``."""
