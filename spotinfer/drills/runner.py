@@ -141,6 +141,7 @@ def run_drill(
         and cluster.config.policy == "spotinfer",
         bounded_recompute=cluster.config.policy == "spotinfer",
         preemptions=sum(1 for e in cluster.events if e.kind in PREEMPTION_EVENTS),
+        mac_rejected_blocks=cluster.mac_rejected_blocks(),
     )
     if options.time_scale != 1.0:
         report.notes.append(f"time scaled ×{options.time_scale:g} (grace periods too)")

@@ -41,6 +41,7 @@ CLOUDS = ("aws", "gcp", "azure")
 # What each cloud gives between the notice and the termination.
 DEFAULT_GRACE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 FAILOVER_BY_POLICY = {"spotinfer": "resume", "reroute": "reroute"}
+MAC_REJECTED_SAMPLE = "spotinfer_worker_kv_mac_rejected_blocks_total"
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,7 @@ class LocalCluster:
             *self._store_flags(Role.WORKER),
             *("--kv-persist-policy", self.config.persist_policy),
             log_dir=self.config.log_dir,
+            metrics=True,
         )
         return Node(name=name, role=role, metadata=metadata, worker=worker)
 
@@ -300,6 +302,26 @@ class LocalCluster:
 
     def _record(self, kind: str, target: str = "", detail: str = "") -> None:
         self.events.append(ClusterEvent(time.perf_counter(), kind, target, detail))
+
+    def mac_rejected_blocks(self) -> int:
+        """Stored KV blocks the live workers refused by their MAC (each worker's
+        spotinfer_worker_kv_mac_rejected_blocks_total, summed; a dead worker's are gone)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        total = 0.0
+        for node in [n for n in list(self.nodes.values()) if n.alive]:
+            try:
+                with urllib.request.urlopen(node.worker.metrics_url, timeout=5) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue  # gone since (a drill's last disturbance)
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == MAC_REJECTED_SAMPLE:
+                        total += sample.value
+        return int(total)
 
     def active_nodes(self) -> list[Node]:
         """Nodes that can serve (alive, not under a notice): active ones first — as the

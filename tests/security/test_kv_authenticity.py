@@ -38,8 +38,8 @@ from tests.resume.streams import (
 from tests.support.wait import wait_until
 from worker.model_fingerprint import model_fingerprint
 
-MAX_TOKENS = 600  # with a 40-token prompt: 5 full blocks by the end
-PROMPT = list(range(500, 540))
+MAX_TOKENS = 900  # with a 40-token prompt: 7 full blocks by the end (as tests/resume)
+PROMPT = list(range(200, 240))  # the tiny model's vocabulary is 512
 TENANT = "a"
 REQUEST_ID = "mac-tenant-a"
 MAC_COUNTER = "spotinfer_worker_kv_mac_rejected_blocks_total"
@@ -138,6 +138,7 @@ def killed(
         worker_a.kill()
         reader.join()
     assert reader.error is not None, "worker A finished before it was killed; nothing to test"
+    assert reader.tokens(), f"worker A streamed nothing: {reader.error}"
     record = worker_store.get_request(REQUEST_ID)
     assert record.tenant == TENANT
     committed = worker_store.committed_tokens(REQUEST_ID)
