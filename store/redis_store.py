@@ -8,6 +8,7 @@ in a loop, because the caller (the write-behind persister) decides what to drop.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ from store.request_record import (
 )
 from store.store_config import StoreConfig
 
+log = logging.getLogger(__name__)
+
 _CONFLICT_BY_CODE = {
     ScriptCode.GAP: ConflictReason.GAP,
     ScriptCode.MISMATCH: ConflictReason.MISMATCH,
@@ -102,6 +105,14 @@ class RequestView:
 
 def _stored_form(block: KVBlock | EncodedBlock, keyring: MacKeyring) -> EncodedBlock:
     return block if isinstance(block, EncodedBlock) else encoded_block(block, keyring)
+
+
+def _verified(keyring: MacKeyring, request_id: str, fields: Mapping[bytes, bytes]) -> bool:
+    """Whether a stored record carries a valid MAC; one that does not is logged."""
+    if record_verifies(keyring, fields):
+        return True
+    log.warning("the record of %s fails its MAC; ignored", request_id)
+    return False
 
 
 class RedisStore:
@@ -192,7 +203,7 @@ class RedisStore:
         )
         if not fields:
             raise RequestNotFound(request_id)
-        if not record_verifies(self._keyring, fields):
+        if not _verified(self._keyring, request_id, fields):
             raise RecordRejected(request_id)
         return RequestRecord.from_fields(fields, block_hashes)
 
@@ -464,7 +475,7 @@ class RedisStore:
         views: dict[str, RequestView | None] = {}
         for position, request_id in enumerate(request_ids):
             fields, block_hashes, tokens, tail = results[4 * position : 4 * position + 4]
-            if fields and not record_verifies(self._keyring, fields):
+            if fields and not _verified(self._keyring, request_id, fields):
                 fields = {}  # not written by a holder of the key: as good as none
             views[request_id] = (
                 RequestView(
