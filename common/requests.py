@@ -53,6 +53,9 @@ class GenerationRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: Sampling
     sla_class: SlaClass = SlaClass.INTERACTIVE
+    tenant: str = ""
+    """Whose request it is; the coordinator sets it from the API key ("": the default
+    tenant). KV blocks and vLLM's prefix cache are shared within a tenant only."""
 
 
 @dataclass(frozen=True)

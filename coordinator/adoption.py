@@ -132,6 +132,7 @@ class Adoption:
             record.prompt_token_ids,
             sampling_from_record(record.sampling_params),
             sla,
+            tenant=record.tenant,
         )
 
     async def _read(self, request_id: str) -> RequestRecord:

@@ -23,6 +23,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from store.keys import request_route_key
+from store.redis_link import security_options
+from store.store_config import StoreConfig
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +97,20 @@ class RouteRecords:
 
     @classmethod
     def from_url(
-        cls, url: str, ttl_seconds: int, retention_seconds: float, flush_interval_seconds: float
+        cls,
+        url: str,
+        ttl_seconds: int,
+        retention_seconds: float,
+        flush_interval_seconds: float,
+        store_config: StoreConfig | None = None,
     ) -> RouteRecords:
+        """Records on ``url``, logged in and verified as ``store_config`` says (TLS, ACL user)."""
+        options = security_options(url, store_config) if store_config is not None else {}
         return cls(
-            aioredis.Redis.from_url(url), ttl_seconds, retention_seconds, flush_interval_seconds
+            aioredis.Redis.from_url(url, **options),
+            ttl_seconds,
+            retention_seconds,
+            flush_interval_seconds,
         )
 
     def note(self, record: RouteRecord) -> None:

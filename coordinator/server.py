@@ -120,6 +120,22 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.CancelResponse(cancelled=cancelled, generated_tokens=generated)
 
 
+def _admission_limits(config: CoordinatorConfig) -> AdmissionLimits:
+    """The queue capacities and per-worker caps the config sets, per SLA class."""
+    return AdmissionLimits(
+        queue_capacity={
+            SlaClass.INTERACTIVE: config.interactive_queue_capacity,
+            SlaClass.BATCH: config.batch_queue_capacity,
+        },
+        max_seqs_per_worker=config.max_seqs_per_worker,
+        class_cap_per_worker={
+            SlaClass.INTERACTIVE: config.interactive_max_per_worker,
+            SlaClass.BATCH: config.batch_max_per_worker,
+        },
+        retry_after_ms=config.retry_after_ms,
+    )
+
+
 class ControlService(control_pb2_grpc.ControlServicer):
     def __init__(
         self,
@@ -258,23 +274,11 @@ class Coordinator:
             max_lease_ttl_seconds=config.max_lease_ttl_seconds,
         )
         self.pool = StandbyPool(self.registry, config.standby_pool_size)
-        limits = AdmissionLimits(
-            queue_capacity={
-                SlaClass.INTERACTIVE: config.interactive_queue_capacity,
-                SlaClass.BATCH: config.batch_queue_capacity,
-            },
-            max_seqs_per_worker=config.max_seqs_per_worker,
-            class_cap_per_worker={
-                SlaClass.INTERACTIVE: config.interactive_max_per_worker,
-                SlaClass.BATCH: config.batch_max_per_worker,
-            },
-            retry_after_ms=config.retry_after_ms,
-        )
         self.admission = Admission(
             self.registry,
             RoutingPolicy.create(config.routing_policy),
             self.pool,
-            limits,
+            _admission_limits(config),
             on_change=self._update_queue_metrics,
         )
         self.records = (
@@ -283,6 +287,7 @@ class Coordinator:
                 config.record_ttl_seconds,
                 config.record_retention_seconds,
                 RECORD_FLUSH_INTERVAL_SECONDS,
+                config.store,
             )
             if config.store.url
             else None

@@ -69,6 +69,7 @@ def request_to_proto(request: GenerationRequest) -> common_pb2.GenerateRequest:
         prompt_token_ids=list(request.prompt_token_ids),
         sampling=sampling_to_proto(request.sampling),
         sla_class=sla_to_proto(request.sla_class),
+        tenant=request.tenant,
     )
 
 

@@ -28,9 +28,13 @@ Stored form: ONE Redis string per block, a fixed binary header followed by the p
         46    16  blake2b-128 digest of the model fingerprint
         62     1  dtype length d
         63     2  layout length l
-        65     d  dtype (ASCII, e.g. "float32")
-      65+d     l  layout (ASCII, e.g. "cpu:blocks,kv_heads,block,2*head_dim")
-    65+d+l     …  payload
+        65     4  MAC key id (which key of the cluster keyring signed it)
+        69    32  HMAC-SHA256 of bytes [12, 69) followed by bytes [101, end)
+       101     d  dtype (ASCII, e.g. "float32")
+     101+d     l  layout (ASCII, e.g. "cpu:blocks,kv_heads,block,2*head_dim")
+   101+d+l     …  payload
+
+The CRC is computed last and covers the MAC too.
 
 Why one value rather than a header key and a bytes key: a single SET is atomic, so a reader
 can never see a header without its bytes or the bytes of an older write with a newer header;
@@ -39,10 +43,17 @@ tens of KiB to MiB, so sending it with every write costs nothing measurable.
 
 Why CRC-32 (zlib's polynomial): it catches every single-byte flip and every burst up to 32
 bits, which is what storage and network corruption look like; it does not defend against a
-deliberate forger, which the prefix hash and the fingerprint check do not need to. ISA-L's
+deliberate forger: that is the MAC's job. The MAC (see mac_keyring.py) is keyed with the
+cluster key, so only a holder of the key can write a block that verifies: a writer of Redis
+without it can delete blocks (they are recomputed) but not plant KV. The CRC stays in front of
+it because it is ~70x cheaper and tells corruption (CHECKSUM) from forgery (MAC). ISA-L's
 implementation (``isal``, carry-less multiply folding) computes the very same value as
 ``zlib.crc32`` at tens of GB/s instead of ~4, so it is used when installed and the stored
 format does not depend on which one wrote it.
+
+Per-tenant isolation: ``chain_hash`` starts every chain at ``root_hash(tenant)``, so the same
+prompt of two tenants names different blocks and one tenant can never load (or time the
+presence of) another's KV. The default tenant ``""`` keeps the all-zero root.
 
 The writer builds a block in ONE buffer (``block_buffer_bytes``): the worker copies the KV
 straight from the cache into the payload part, and ``seal_block`` writes the header in front
@@ -61,10 +72,12 @@ from store.constants import (
     BLOCK_FORMAT_VERSION,
     BLOCK_HASH_BYTES,
     BLOCK_MAGIC,
+    MAC_BYTES,
     MAX_TOKEN_ID,
     TOKEN_ID_BYTES,
 )
 from store.errors import BlockRejected, RejectReason
+from store.mac_keyring import LOOPBACK_KEYRING, MacKeyring
 
 try:
     from isal.isal_zlib import crc32
@@ -75,13 +88,15 @@ Buffer = bytes | bytearray | memoryview
 """Anything whose bytes can be read without a copy (a payload, a stored block)."""
 
 _CHAIN_PERSON = b"si-kv-chain"
+_TENANT_PERSON = b"si-kv-tenant"
 _FINGERPRINT_PERSON = b"si-model-fp"
 _ROOT_HASH = bytes(BLOCK_HASH_BYTES)
 # magic, version, header_len, crc, layers, block_tokens, num_tokens, payload_len,
-# prefix hash, fingerprint digest, dtype len, layout len
-_FIXED = struct.Struct(f"<4sHHIHIIQ{BLOCK_HASH_BYTES}s{BLOCK_HASH_BYTES}sBH")
+# prefix hash, fingerprint digest, dtype len, layout len, MAC key id, MAC
+_FIXED = struct.Struct(f"<4sHHIHIIQ{BLOCK_HASH_BYTES}s{BLOCK_HASH_BYTES}sBHI{MAC_BYTES}s")
 _CRC_OFFSET = 8
 _CRC_COVERS_FROM = 12
+_MAC_OFFSET = _FIXED.size - MAC_BYTES
 MAX_DTYPE_CHARS = 255
 MAX_LAYOUT_CHARS = 65535 - _FIXED.size - MAX_DTYPE_CHARS
 
@@ -117,27 +132,38 @@ def chain_hash(parent_hash: bytes, model_fingerprint: str, token_ids: Sequence[i
     return hasher.digest()
 
 
+def root_hash(tenant: str = "") -> bytes:
+    """Where the chain of a tenant's blocks starts: all zeros for the default tenant."""
+    if not tenant:
+        return _ROOT_HASH
+    return hashlib.blake2b(
+        tenant.encode(), digest_size=BLOCK_HASH_BYTES, person=_TENANT_PERSON
+    ).digest()
+
+
 def block_hashes(
-    model_fingerprint: str, token_ids: Sequence[int], block_tokens: int
+    model_fingerprint: str, token_ids: Sequence[int], block_tokens: int, tenant: str = ""
 ) -> list[bytes]:
     """Chain hashes of every FULL block of ``token_ids``; a trailing partial block is left out."""
     if block_tokens <= 0:
         raise ValueError("block_tokens must be positive")
     hashes: list[bytes] = []
-    parent = _ROOT_HASH
+    parent = root_hash(tenant)
     for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
         parent = chain_hash(parent, model_fingerprint, token_ids[start : start + block_tokens])
         hashes.append(parent)
     return hashes
 
 
-def tail_hash(model_fingerprint: str, token_ids: Sequence[int], block_tokens: int) -> bytes | None:
+def tail_hash(
+    model_fingerprint: str, token_ids: Sequence[int], block_tokens: int, tenant: str = ""
+) -> bytes | None:
     """Chain hash of the partial last block of ``token_ids``, or None when it ends on a boundary."""
-    full = block_hashes(model_fingerprint, token_ids, block_tokens)
+    full = block_hashes(model_fingerprint, token_ids, block_tokens, tenant)
     tail_start = len(full) * block_tokens
     if tail_start == len(token_ids):
         return None
-    parent = full[-1] if full else _ROOT_HASH
+    parent = full[-1] if full else root_hash(tenant)
     return chain_hash(parent, model_fingerprint, token_ids[tail_start:])
 
 
@@ -216,11 +242,21 @@ def block_buffer_bytes(kv_format: KVFormat, payload_bytes: int) -> int:
     return header_bytes(kv_format) + payload_bytes
 
 
+def _mac_parts(view: memoryview) -> tuple[memoryview, memoryview]:
+    """The bytes a block's MAC covers: everything after the CRC except the MAC itself."""
+    return view[_CRC_COVERS_FROM:_MAC_OFFSET], view[_FIXED.size :]
+
+
 def seal_block(
-    data: memoryview, kv_format: KVFormat, prefix_hash: bytes, num_tokens: int
+    data: memoryview,
+    kv_format: KVFormat,
+    prefix_hash: bytes,
+    num_tokens: int,
+    keyring: MacKeyring = LOOPBACK_KEYRING,
 ) -> EncodedBlock:
     """Turn a buffer whose payload part (from ``header_bytes(kv_format)`` on) is filled into
-    the stored form, in place: write the header in front of the payload and the CRC over both.
+    the stored form, in place: write the header in front of the payload, the MAC under the
+    keyring's current key and the CRC over all of it.
 
     ``data`` must be writable and hold at least a header; nothing is copied, so the caller
     must not change the buffer after sealing it.
@@ -250,8 +286,12 @@ def seal_block(
         fingerprint_digest(kv_format.model_fingerprint),
         len(dtype),
         len(layout),
+        keyring.current_id,
+        bytes(MAC_BYTES),
     )
     data[_FIXED.size : header_len] = dtype + layout
+    _, mac = keyring.sign(_mac_parts(data))  # covers the key id, not the MAC's own bytes
+    data[_MAC_OFFSET : _FIXED.size] = mac
     struct.pack_into("<I", data, _CRC_OFFSET, crc32(data[_CRC_COVERS_FROM:]))
     return EncodedBlock(
         prefix_hash=prefix_hash,
@@ -261,18 +301,18 @@ def seal_block(
     )
 
 
-def encoded_block(block: KVBlock) -> EncodedBlock:
+def encoded_block(block: KVBlock, keyring: MacKeyring = LOOPBACK_KEYRING) -> EncodedBlock:
     """The stored form of a block held as a separate payload (one copy of the payload)."""
     payload = memoryview(block.payload).cast("B")
     buffer = bytearray(block_buffer_bytes(block.kv_format, len(payload)))
     view = memoryview(buffer)
     view[header_bytes(block.kv_format) :] = payload
-    return seal_block(view, block.kv_format, block.prefix_hash, block.num_tokens)
+    return seal_block(view, block.kv_format, block.prefix_hash, block.num_tokens, keyring)
 
 
-def encode_block(block: KVBlock) -> bytes:
+def encode_block(block: KVBlock, keyring: MacKeyring = LOOPBACK_KEYRING) -> bytes:
     """Header + payload as stored in Redis, as an immutable copy."""
-    return bytes(encoded_block(block).data)
+    return bytes(encoded_block(block, keyring).data)
 
 
 def decode_block(
@@ -281,12 +321,13 @@ def decode_block(
     expected: KVFormat,
     expected_prefix_hash: bytes,
     expected_num_tokens: int,
+    keyring: MacKeyring = LOOPBACK_KEYRING,
 ) -> KVBlock:
     """Parse and verify a stored block; raise BlockRejected unless every check passes.
 
     ``expected_prefix_hash`` is computed by the reader from the tokens it holds, so a block
     that passes holds the KV of exactly those tokens, written by the same model, in the same
-    dtype and layout, and unchanged since it was written.
+    dtype and layout, unchanged since it was written, by a holder of a key of ``keyring``.
     """
 
     def reject(reason: RejectReason, detail: str = "") -> BlockRejected:
@@ -310,6 +351,8 @@ def decode_block(
         fp_digest,
         dtype_len,
         layout_len,
+        mac_key_id,
+        mac,
     ) = _FIXED.unpack_from(view)
     if magic != BLOCK_MAGIC:
         raise reject(RejectReason.MALFORMED, "bad magic")
@@ -319,6 +362,8 @@ def decode_block(
         raise reject(RejectReason.MALFORMED, "lengths do not add up")
     if crc32(view[_CRC_COVERS_FROM:]) != crc:
         raise reject(RejectReason.CHECKSUM)
+    if not keyring.verify(mac_key_id, mac, _mac_parts(view)):
+        raise reject(RejectReason.MAC, f"key id {mac_key_id}")
     if fp_digest != fingerprint_digest(expected.model_fingerprint):
         raise reject(RejectReason.FINGERPRINT)
     dtype = bytes(view[_FIXED.size : _FIXED.size + dtype_len]).decode("ascii", "replace")

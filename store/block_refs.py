@@ -50,6 +50,11 @@ class BlockRead:
         return block_key(self.prefix_hash) if self.is_full else request_tail_key(self.request_id)
 
     @property
+    def expected(self) -> tuple[bytes, int]:
+        """What the block must hold: (prefix hash, filled tokens), as decode_block takes them."""
+        return self.prefix_hash, self.num_tokens
+
+    @property
     def name(self) -> str:
         """How rejections name the block in errors and logs."""
         kind = "block" if self.is_full else "tail"
@@ -57,17 +62,22 @@ class BlockRead:
 
 
 def block_reads(
-    request_id: str, kv_format: KVFormat, token_ids: Sequence[int], include_tail: bool = True
+    request_id: str,
+    kv_format: KVFormat,
+    token_ids: Sequence[int],
+    include_tail: bool = True,
+    tenant: str = "",
 ) -> list[BlockRead]:
-    """Reads for every block that would hold the KV of ``token_ids``, from block 0 on."""
+    """Reads for every block that would hold the KV of ``token_ids`` (the chain of
+    ``tenant``), from block 0 on."""
     block_tokens = kv_format.block_tokens
     reads = [
         BlockRead(request_id, index, prefix_hash, block_tokens, is_full=True)
         for index, prefix_hash in enumerate(
-            block_hashes(kv_format.model_fingerprint, token_ids, block_tokens)
+            block_hashes(kv_format.model_fingerprint, token_ids, block_tokens, tenant)
         )
     ]
-    tail = tail_hash(kv_format.model_fingerprint, token_ids, block_tokens)
+    tail = tail_hash(kv_format.model_fingerprint, token_ids, block_tokens, tenant)
     if include_tail and tail is not None:
         reads.append(
             BlockRead(

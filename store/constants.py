@@ -13,11 +13,19 @@ TOKEN_ID_BYTES = 4
 MAX_TOKEN_ID = 2**32 - 1
 
 # --- KV block format --------------------------------------------------------------------------
-BLOCK_FORMAT_VERSION = 1
+# 2: a keyed MAC (key id + HMAC-SHA256) in the header; version-1 blocks are recomputed.
+BLOCK_FORMAT_VERSION = 2
 BLOCK_MAGIC = b"SIKV"
 # blake2b digest size of one link of the block hash chain: 128 bits keeps accidental
 # collisions out of reach (birthday bound ~2^64 blocks) while keeping keys short.
 BLOCK_HASH_BYTES = 16
+
+# --- authenticity (see mac_keyring.py) ----------------------------------------------------------
+MAC_BYTES = 32  # HMAC-SHA256
+MAC_KEY_MIN_BYTES = 16
+MAX_MAC_KEY_ID = 2**32 - 1
+# Meta field holding "<key id>:<hex MAC>" over the record's fields that never change.
+RECORD_MAC_FIELD = "mac"
 
 # --- expiry -----------------------------------------------------------------------------------
 DEFAULT_REQUEST_TTL_SECONDS = 6 * 3600

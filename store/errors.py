@@ -34,6 +34,15 @@ class RequestNotFound(StoreError):
         self.request_id = request_id
 
 
+class RecordRejected(RequestNotFound):
+    """The stored record's MAC does not verify (planted or altered in Redis, or signed with
+    a key no longer in the keyring): it is treated as absent, never resumed from."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(request_id)
+        self.args = (f"record of request {request_id!r} fails its MAC; ignored",)
+
+
 class RequestExists(StoreError):
     """create_request found a record already stored under the id."""
 
@@ -81,6 +90,7 @@ class RejectReason(enum.Enum):
     MALFORMED = "malformed"  # wrong magic, truncated, or a header that does not parse
     VERSION = "version"  # written by another block format version
     CHECKSUM = "checksum"  # header or payload bytes changed since they were written
+    MAC = "mac"  # not signed by a key of the cluster keyring: planted or altered on purpose
     FINGERPRINT = "fingerprint"  # another model (or model revision) produced it
     DTYPE = "dtype"
     LAYOUT = "layout"

@@ -35,7 +35,29 @@ brace inside it would move keys of one request to different slots.
 
 from __future__ import annotations
 
+import enum
+
 from store.constants import KEY_PREFIX
+
+
+class KeyKind(enum.Enum):
+    """Every kind of key of the schema; store/acl.py grants each to the roles that use it."""
+
+    META = "meta"
+    TOKENS = "tokens"
+    BLOCKS = "blocks"
+    TAIL = "tail"
+    ROUTE = "route"
+    BLOCK = "blk"
+
+
+def key_pattern(kind: KeyKind) -> str:
+    """A Redis glob matching every key of ``kind`` and no key of another kind (request ids
+    hold no braces, so ``{*}`` cannot reach past the hash tag)."""
+    if kind is KeyKind.BLOCK:
+        return f"{KEY_PREFIX}blk:{{*}}"
+    return f"{KEY_PREFIX}req:{{*}}:{kind.value}"
+
 
 MAX_REQUEST_ID_CHARS = 256
 _FORBIDDEN_REQUEST_ID_CHARS = frozenset("{}")
@@ -52,25 +74,25 @@ def validate_request_id(request_id: str) -> None:
         raise ValueError(f"request_id {request_id!r} contains a brace or whitespace")
 
 
-def _request_key(request_id: str, field: str) -> str:
+def _request_key(request_id: str, kind: KeyKind) -> str:
     validate_request_id(request_id)
-    return f"{KEY_PREFIX}req:{{{request_id}}}:{field}"
+    return f"{KEY_PREFIX}req:{{{request_id}}}:{kind.value}"
 
 
 def request_meta_key(request_id: str) -> str:
-    return _request_key(request_id, "meta")
+    return _request_key(request_id, KeyKind.META)
 
 
 def request_tokens_key(request_id: str) -> str:
-    return _request_key(request_id, "tokens")
+    return _request_key(request_id, KeyKind.TOKENS)
 
 
 def request_blocks_key(request_id: str) -> str:
-    return _request_key(request_id, "blocks")
+    return _request_key(request_id, KeyKind.BLOCKS)
 
 
 def request_tail_key(request_id: str) -> str:
-    return _request_key(request_id, "tail")
+    return _request_key(request_id, KeyKind.TAIL)
 
 
 def request_keys(request_id: str) -> tuple[str, str, str, str]:
@@ -94,7 +116,7 @@ def block_key(block_hash: bytes) -> str:
     """Key of a full, content-addressed KV block."""
     if not block_hash:
         raise ValueError("block_hash must not be empty")
-    return f"{KEY_PREFIX}blk:{{{block_hash.hex()}}}"
+    return f"{KEY_PREFIX}{KeyKind.BLOCK.value}:{{{block_hash.hex()}}}"
 
 
 def schema_pattern() -> str:
@@ -106,4 +128,4 @@ def request_route_key(request_id: str) -> str:
     """The coordinator's routing record of a request (HASH: coordinator_id, owner_worker_id,
     status, delivered_length, sla_class, updated_unix_ms). Shares the request's hash tag but
     not its lifecycle scripts: the coordinator writes it and sets its own expiry."""
-    return _request_key(request_id, "route")
+    return _request_key(request_id, KeyKind.ROUTE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -57,13 +58,35 @@ def connect(url: str, cluster: bool, config: StoreConfig) -> RedisClient:
         "socket_connect_timeout": config.socket_connect_timeout_seconds,
         "retry": Retry(NoBackoff(), 1),
         "decode_responses": False,
+        **security_options(url, config),
     }
     if not cluster:
         return redis.Redis.from_url(url, command_packer=_large_value_packer(), **options)
+    connection_class = (
+        _LargeValueSSLConnection if url.startswith("rediss://") else _LargeValueConnection
+    )
     try:
-        return redis.RedisCluster.from_url(url, connection_class=_LargeValueConnection, **options)
+        return redis.RedisCluster.from_url(url, connection_class=connection_class, **options)
     except _UNAVAILABLE_ERRORS as error:
         raise StoreUnavailable(f"Redis Cluster unavailable: {error}") from error
+
+
+def security_options(url: str, config: StoreConfig) -> dict[str, Any]:
+    """The ACL login and, for rediss://, the certificate checks redis-py should make (the
+    same for the coordinator's asyncio client of its route records)."""
+    options: dict[str, Any] = {}
+    if config.username:
+        options["username"] = config.username
+    if config.password_file:
+        options["password"] = Path(config.password_file).read_text().strip()
+    if url.startswith("rediss://"):
+        options["ssl_cert_reqs"] = "required"
+        if config.tls_ca_file:
+            options["ssl_ca_certs"] = config.tls_ca_file
+        if config.tls_cert_file:
+            options["ssl_certfile"] = config.tls_cert_file
+            options["ssl_keyfile"] = config.tls_key_file
+    return options
 
 
 def _large_value_packer() -> PythonRespSerializer:
@@ -79,6 +102,14 @@ def _large_value_packer() -> PythonRespSerializer:
 class _LargeValueConnection(redis.Connection):
     """A cluster node connection with the large-value packer (RedisCluster passes no
     ``command_packer`` through to its nodes, but it does pass ``connection_class``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("command_packer", _large_value_packer())
+        super().__init__(**kwargs)
+
+
+class _LargeValueSSLConnection(redis.SSLConnection):
+    """The same, over TLS (rediss:// cluster nodes)."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("command_packer", _large_value_packer())

@@ -8,6 +8,7 @@ in a loop, because the caller (the write-behind persister) decides what to drop.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,12 +28,13 @@ from store.block_codec import (
     unpack_token_ids,
 )
 from store.block_refs import BlockRead, BlockWrite
-from store.constants import TOKEN_ID_BYTES
+from store.constants import RECORD_MAC_FIELD, TOKEN_ID_BYTES
 from store.errors import (
     BlockRejected,
     CommitConflict,
     ConflictReason,
     InvalidTransition,
+    RecordRejected,
     RequestExists,
     RequestNotFound,
     StoreUnavailable,
@@ -47,13 +49,18 @@ from store.lua_scripts import (
     SET_STATUS,
     ScriptCode,
 )
+from store.mac_keyring import MacKeyring, keyring_for
 from store.redis_link import Command, RedisClient, RedisLink, connect, evalsha
 from store.request_record import (
     ALLOWED_PREVIOUS,
     RequestRecord,
     RequestStatus,
+    record_mac,
+    record_verifies,
 )
 from store.store_config import StoreConfig
+
+log = logging.getLogger(__name__)
 
 _CONFLICT_BY_CODE = {
     ScriptCode.GAP: ConflictReason.GAP,
@@ -96,6 +103,18 @@ class RequestView:
     """The header of the stored partial tail, unverified; None when there is none."""
 
 
+def _stored_form(block: KVBlock | EncodedBlock, keyring: MacKeyring) -> EncodedBlock:
+    return block if isinstance(block, EncodedBlock) else encoded_block(block, keyring)
+
+
+def _verified(keyring: MacKeyring, request_id: str, fields: Mapping[bytes, bytes]) -> bool:
+    """Whether a stored record carries a valid MAC; one that does not is logged."""
+    if record_verifies(keyring, fields):
+        return True
+    log.warning("the record of %s fails its MAC; ignored", request_id)
+    return False
+
+
 class RedisStore:
     """The daemon's view of Redis. See keys.py for the key schema.
 
@@ -108,10 +127,12 @@ class RedisStore:
         client: RedisClient,
         config: StoreConfig | None = None,
         clock: Callable[[], float] = time.time,
+        keyring: MacKeyring | None = None,
     ) -> None:
         self._link = RedisLink(client)
         self._config = config or StoreConfig()
         self._clock = clock
+        self._keyring = keyring or keyring_for(self._config.mac_key_file)
 
     @classmethod
     def from_url(
@@ -122,18 +143,23 @@ class RedisStore:
         clock: Callable[[], float] = time.time,
     ) -> RedisStore:
         """A store on ``url`` (any node's URL when ``cluster``); see redis_link.connect."""
-        config = config or StoreConfig()
-        client = connect(url, cluster, config)
-        return cls(client, config, clock)
+        return cls(connect(url, cluster, config or StoreConfig()), config, clock)
 
     @classmethod
     def from_config(cls, config: StoreConfig, clock: Callable[[], float] = time.time) -> RedisStore:
-        """A store on ``config.url`` in ``config.cluster`` mode, with its expiry and timeouts."""
+        """A store on ``config.url`` as ``config`` says (cluster mode, expiry, timeouts, TLS,
+        ACL user, MAC keyring); ValueError where ``config.check_exposure`` refuses it."""
+        config.check_exposure()
         return cls.from_url(config.url, config.cluster, config, clock)
 
     @property
     def config(self) -> StoreConfig:
         return self._config
+
+    @property
+    def keyring(self) -> MacKeyring:
+        """The MAC keys blocks and records are signed and verified with."""
+        return self._keyring
 
     def close(self) -> None:
         self._link.close()
@@ -159,6 +185,7 @@ class RedisStore:
         fields = record.to_fields()
         fields["created_unix_ms"] = record.created_unix_ms or now_ms
         fields["updated_unix_ms"] = now_ms
+        fields[RECORD_MAC_FIELD] = record_mac(self._keyring, fields)
         args: list[Any] = [self._config.request_ttl_seconds]
         for name, value in fields.items():
             args += [name, value]
@@ -176,6 +203,8 @@ class RedisStore:
         )
         if not fields:
             raise RequestNotFound(request_id)
+        if not _verified(self._keyring, request_id, fields):
+            raise RecordRejected(request_id)
         return RequestRecord.from_fields(fields, block_hashes)
 
     def update_status(
@@ -313,9 +342,7 @@ class RedisStore:
         links: dict[str, list[Any]] = {}
         tails: list[Command] = []
         for write in writes:
-            encoded = (
-                write.block if isinstance(write.block, EncodedBlock) else encoded_block(write.block)
-            )
+            encoded = _stored_form(write.block, self._keyring)
             if encoded.is_full:
                 sets.append(
                     (
@@ -401,7 +428,7 @@ class RedisStore:
         for read, data in zip(reads, self._run(commands), strict=True):
             try:
                 loaded.append(
-                    decode_block(read.name, data, kv_format, read.prefix_hash, read.num_tokens)
+                    decode_block(read.name, data, kv_format, *read.expected, self._keyring)
                 )
             except BlockRejected as rejected:
                 loaded.append(rejected)
@@ -448,6 +475,8 @@ class RedisStore:
         views: dict[str, RequestView | None] = {}
         for position, request_id in enumerate(request_ids):
             fields, block_hashes, tokens, tail = results[4 * position : 4 * position + 4]
+            if fields and not _verified(self._keyring, request_id, fields):
+                fields = {}  # not written by a holder of the key: as good as none
             views[request_id] = (
                 RequestView(
                     RequestRecord.from_fields(fields, block_hashes),

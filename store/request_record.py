@@ -11,7 +11,9 @@ from typing import Any
 
 from common.requests import Sampling
 from store.block_codec import pack_token_ids, unpack_token_ids
+from store.constants import RECORD_MAC_FIELD
 from store.keys import validate_request_id
+from store.mac_keyring import MacKeyring
 
 
 class RequestStatus(enum.Enum):
@@ -68,6 +70,8 @@ class RequestRecord:
     """The worker that paused it last held none of its KV (it was still waiting in the
     engine's queue): that pause stored no blocks and no tail, and owes none. Cleared when a
     worker runs it again."""
+    tenant: str = ""
+    """Whose request it is (GenerationRequest.tenant): a resume salts its KV with it."""
 
     def __post_init__(self) -> None:
         validate_request_id(self.request_id)
@@ -91,6 +95,7 @@ class RequestRecord:
             "created_unix_ms": self.created_unix_ms,
             "updated_unix_ms": self.updated_unix_ms,
             "kv_block_tokens": self.kv_block_tokens,
+            "tenant": self.tenant,
         }
 
     @classmethod
@@ -113,7 +118,50 @@ class RequestRecord:
             updated_unix_ms=int(text("updated_unix_ms")),
             persisted_block_hashes=contiguous_block_hashes(block_hashes),
             paused_without_kv=fields.get(PAUSED_WITHOUT_KV_FIELD.encode()) == b"1",
+            tenant=fields.get(b"tenant", b"").decode(),
         )
+
+
+# The fields a record is created with and that nothing changes later: what its MAC covers.
+# Status, owner and lengths are moved by the Lua scripts inside Redis, so they cannot be
+# signed; a forger who changes them can stall or misroute a request, never steer its output.
+SIGNED_FIELDS = (
+    "request_id",
+    "model_fingerprint",
+    "prompt_token_ids",
+    "sampling_params",
+    "kv_block_tokens",
+    "tenant",
+)
+
+
+def signed_parts(fields: Mapping[str, bytes | str | int]) -> list[bytes]:
+    """The MAC input of a record: each signed field of ``to_fields()`` (or of what Redis
+    returned, names decoded), length-prefixed, in a fixed order."""
+    parts: list[bytes] = []
+    for name in SIGNED_FIELDS:
+        value = fields.get(name, b"")
+        data = value if isinstance(value, bytes) else str(value).encode()
+        parts += [len(data).to_bytes(8, "little"), data]
+    return parts
+
+
+def record_mac(keyring: MacKeyring, fields: Mapping[str, bytes | str | int]) -> str:
+    """The MAC field of a new record's ``to_fields()``: ``<key id>:<hex MAC>``."""
+    key_id, mac = keyring.sign(signed_parts(fields))
+    return f"{key_id}:{mac.hex()}"
+
+
+def record_verifies(keyring: MacKeyring, fields: Mapping[bytes, bytes]) -> bool:
+    """Whether a record as Redis returned it carries a MAC of a key of ``keyring``."""
+    stored = fields.get(RECORD_MAC_FIELD.encode(), b"").decode(errors="replace")
+    key_id, _, mac_hex = stored.partition(":")
+    try:
+        mac = bytes.fromhex(mac_hex)
+    except ValueError:
+        return False
+    named = {name.decode(errors="replace"): value for name, value in fields.items()}
+    return key_id.isdigit() and keyring.verify(int(key_id), mac, signed_parts(named))
 
 
 def contiguous_block_hashes(by_index: Mapping[bytes, bytes]) -> tuple[bytes, ...]:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.redis_server import RedisServer
+from spotinfer.local.redis_process import RedisProcess
+from tests.support.redis_server import RedisServer, skip_without_redis
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -37,4 +38,13 @@ def redis_server() -> Iterator[RedisServer]:
 def own_redis_server() -> Iterator[RedisServer]:
     """A redis-server of this test alone, which it may kill and restart."""
     with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="package")
+def secure_redis() -> Iterator[RedisProcess]:
+    """A locked-down redis-server (TLS only, one ACL user per role, a MAC keyring; see
+    spotinfer/local/redis_security.py) on loopback; its ``security`` holds the files."""
+    skip_without_redis()
+    with RedisProcess(secure=True) as server:
         yield server

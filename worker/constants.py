@@ -25,6 +25,8 @@ SPOT_CONNECTOR_CLASS = "SpotKVConnector"
 SPOT_CONNECTOR_MODULE = "worker.spot_connector"
 # Keys of `kv_transfer_params` (SamplingParams.extra_args) that the connector reads.
 KV_PARAM_REQUEST_ID = "spotinfer_request_id"
+# The request's tenant: its blocks' content addresses start from the tenant's chain root.
+KV_PARAM_TENANT = "spotinfer_tenant"
 KV_PARAM_RESUME = "resume"
 # While Redis is away, the token committer tries again this often.
 PERSIST_RETRY_SECONDS = 1.0

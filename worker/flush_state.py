@@ -103,7 +103,9 @@ def _flush_state(
     context = list(record.prompt_token_ids) + committed
     kv_tokens = max(0, len(context) - 1)
     full_blocks = kv_tokens // block_tokens
-    expected = block_hashes(model_fingerprint, context[: full_blocks * block_tokens], block_tokens)
+    expected = block_hashes(
+        model_fingerprint, context[: full_blocks * block_tokens], block_tokens, record.tenant
+    )
     linked = 0
     for stored, wanted in zip(record.persisted_block_hashes, expected, strict=False):
         if stored != wanted:
@@ -112,7 +114,7 @@ def _flush_state(
     tail_ok = True
     if kv_tokens % block_tokens:
         summary = view.tail
-        wanted_tail = tail_hash(model_fingerprint, context[:kv_tokens], block_tokens)
+        wanted_tail = tail_hash(model_fingerprint, context[:kv_tokens], block_tokens, record.tenant)
         tail_ok = (
             summary is not None
             and summary.num_tokens == kv_tokens % block_tokens

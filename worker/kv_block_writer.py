@@ -235,6 +235,7 @@ class KVBlockWriter:
                     self._kv_format,
                     block.prefix_hash,
                     block.num_tokens or block_tokens,
+                    self._store.keyring,
                 ),
             )
             for block in pending

@@ -52,6 +52,7 @@ COMMIT_BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 _PERSIST_WRITTEN_BLOCKS = "written_blocks"
 _PERSIST_WRITTEN_BYTES = "written_bytes"
 _PERSIST_DROPPED_BLOCKS = "dropped_blocks"
+_PERSIST_MAC_REJECTED_BLOCKS = "mac_rejected_blocks"
 _LOADED_BY_SOURCE = {
     "staging": "loaded_staged_blocks",
     "store": "loaded_store_blocks",
@@ -115,6 +116,12 @@ class WorkerMetrics:
         self.kv_dropped_blocks = Counter(
             PREFIX + "kv_dropped_blocks",
             "KV block writes given up (queue full or Redis away): recomputed if resumed",
+            registry=r,
+        )
+        self.kv_mac_rejected_blocks = Counter(
+            PREFIX + "kv_mac_rejected_blocks",
+            "stored KV blocks a resume refused because their MAC did not verify (planted or "
+            "altered in Redis): dropped and recomputed, never used",
             registry=r,
         )
         self.kv_loaded_blocks = Counter(
@@ -198,6 +205,7 @@ class WorkerMetrics:
             self.kv_persisted_bytes.inc(int(persisted.get(_PERSIST_WRITTEN_BYTES, 0)))
             self.kv_persisted_blocks.inc(int(persisted.get(_PERSIST_WRITTEN_BLOCKS, 0)))
             self.kv_dropped_blocks.inc(int(persisted.get(_PERSIST_DROPPED_BLOCKS, 0)))
+            self.kv_mac_rejected_blocks.inc(int(persisted.get(_PERSIST_MAC_REJECTED_BLOCKS, 0)))
             for source, key in _LOADED_BY_SOURCE.items():
                 self.kv_loaded_blocks.labels(source).inc(int(persisted.get(key, 0)))
 

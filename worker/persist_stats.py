@@ -23,6 +23,8 @@ DROPPED_BLOCKS = "dropped_blocks"
 LOADED_STAGED_BLOCKS = "loaded_staged_blocks"
 LOADED_STORE_BLOCKS = "loaded_store_blocks"
 CACHED_BLOCKS = "cached_blocks"
+# Stored blocks a resume refused because their MAC failed (recomputed instead).
+MAC_REJECTED_BLOCKS = "mac_rejected_blocks"
 KEYS = (
     WRITTEN_BLOCKS,
     WRITTEN_BYTES,
@@ -30,6 +32,7 @@ KEYS = (
     LOADED_STAGED_BLOCKS,
     LOADED_STORE_BLOCKS,
     CACHED_BLOCKS,
+    MAC_REJECTED_BLOCKS,
 )
 
 

@@ -28,6 +28,8 @@ class PrefetchOutcome(PrefetchResult):
 
     staged_prefix: tuple[int, ...] = ()
     """The tokens whose KV the staged blocks hold (the leading full blocks of the context)."""
+    tenant: str = ""
+    """The request's tenant: the warm-up runs under its salt."""
 
 
 def prefetch_stage(
@@ -45,7 +47,12 @@ def prefetch_stage(
         staging.drop(request_id)
         return PrefetchOutcome(0, 0, 0, len(context), finished=True)
     # The KV of every token but the last is needed; its full blocks are final.
-    hashes = block_hashes(model_fingerprint, context[: max(0, len(context) - 1)], block_tokens)
+    hashes = block_hashes(
+        model_fingerprint,
+        context[: max(0, len(context) - 1)],
+        block_tokens,
+        point.record.tenant,
+    )
     # A block staged before (by this request's earlier stages, or by another request with the
     # same prefix) is only referenced again.
     wanted = [h for h in hashes if not staging.share(request_id, h)]
@@ -64,4 +71,5 @@ def prefetch_stage(
         context_tokens=len(context),
         finished=False,
         staged_prefix=tuple(context[: staged_blocks * block_tokens]),
+        tenant=point.record.tenant,
     )

@@ -62,7 +62,9 @@ class Resumption:
             read_resume_point, self._ctx.store, request_id, self._ctx.fingerprint
         )
         sampling = dataclasses.replace(point.sampling, max_tokens=point.remaining_tokens)
-        request = GenerationRequest(request_id, point.engine_prompt, sampling)
+        request = GenerationRequest(
+            request_id, point.engine_prompt, sampling, tenant=point.record.tenant
+        )
         if point.remaining_tokens == 0:
             # The old worker produced every token but died before it could say so.
             self._ctx.committer.admit(point.record, point.committed_token_ids)
@@ -177,10 +179,12 @@ class Resumption:
             self._ctx.require_shape().kv_block_tokens,
         )
         if outcome.new_blocks:
-            await self._warm(request_id, outcome.staged_prefix)
+            await self._warm(request_id, outcome.staged_prefix, outcome.tenant)
         return outcome
 
-    async def _warm(self, request_id: str, staged_prefix: tuple[int, ...]) -> None:
+    async def _warm(
+        self, request_id: str, staged_prefix: tuple[int, ...], tenant: str = ""
+    ) -> None:
         """Loads the staged blocks into vLLM's cache ahead of the resume: a one-token request
         over the staged tokens (plus the next one, which vLLM computes itself) whose prefill
         the connector serves from staging. Once it ends, vLLM keeps the blocks in its prefix
@@ -191,7 +195,10 @@ class Resumption:
             return
         warm_id = request_id + WARM_REQUEST_SUFFIX
         warm = GenerationRequest(
-            warm_id, staged_prefix, Sampling(max_tokens=1, temperature=0.0, ignore_eos=True)
+            warm_id,
+            staged_prefix,
+            Sampling(max_tokens=1, temperature=0.0, ignore_eos=True),
+            tenant=tenant,
         )
         # vLLM needs one prompt token to compute: the first of the next block will do, as
         # any token would (its KV is not kept); the block hashes only cover full blocks.
@@ -202,7 +209,7 @@ class Resumption:
 
         async def run() -> None:
             async for _ in self._ctx.llm.generate(
-                self._streams.prompt(request_id, prompt), params, request_id=warm_id
+                self._streams.prompt(request_id, prompt, tenant), params, request_id=warm_id
             ):
                 pass
 

@@ -68,6 +68,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             prompt_token_ids=token_ids,
             sampling=sampling_from_proto(msg.sampling),
             sla_class=sla_from_proto(msg.sla_class),
+            tenant=msg.tenant,
         )
 
     @maps_errors

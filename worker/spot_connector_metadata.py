@@ -43,6 +43,9 @@ class SpotConnectorMetadata(KVConnectorMetadata):
     commits: list[TokenCommit] = field(default_factory=list)
     cached_blocks: int = 0
     """Blocks resumes found in vLLM's prefix cache since the previous step (counted only)."""
+    mac_rejected_blocks: int = 0
+    """Stored blocks resumes refused since the previous step because their MAC did not
+    verify (planted or altered in Redis): recomputed, never loaded (counted only)."""
     released: list[str] = field(default_factory=list)
     """vLLM ids whose blocks may be freed once this step's saves are copied."""
     without_kv: list[str] = field(default_factory=list)

@@ -34,6 +34,7 @@ from worker.constants import (
     KV_PARAM_FIRST_INDEX,
     KV_PARAM_REQUEST_ID,
     KV_PARAM_RESUME,
+    KV_PARAM_TENANT,
     KV_PARAM_WARM,
 )
 from worker.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
@@ -76,11 +77,13 @@ class _Tracked:
     resume: bool
     warm: bool = False  # a migration target's warm-up: loads only, never saves
     first_index: int = 0  # output index of the engine's first output token
+    tenant: str = ""  # whose request: its blocks are named by the tenant's chain
     chain: list[bytes] = field(default_factory=list)  # hashes of blocks 0.. named so far
     saved_blocks: int = 0  # blocks [0, saved_blocks) are stored (saved or loaded)
     plan: _LoadPlan | None = None
     loaded_tokens: int = 0
     rejected_blocks: int = 0
+    mac_rejected_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class SpotConnectorScheduler:
         self._flushes: list[_Flush] = []
         self._final_commits: list[TokenCommit] = []
         self._cached_blocks = 0
+        self._mac_rejected_blocks = 0
 
     def on_new_request(self, request: Request) -> None:
         params = request.kv_transfer_params or {}
@@ -125,6 +129,7 @@ class SpotConnectorScheduler:
                 resume=bool(params.get(KV_PARAM_RESUME)),
                 warm=bool(params.get(KV_PARAM_WARM)),
                 first_index=int(params.get(KV_PARAM_FIRST_INDEX, 0)),
+                tenant=str(params.get(KV_PARAM_TENANT, "")),
             )
 
     def get_num_new_matched_tokens(
@@ -145,13 +150,15 @@ class SpotConnectorScheduler:
         block_tokens = self._kv_format.block_tokens
         first_block = num_computed_tokens // block_tokens
         token_ids = list(tracked.request.all_token_ids)
-        reads = block_reads(tracked.request_id, self._kv_format, token_ids, include_tail=False)
+        reads = block_reads(tracked.request_id, self._kv_format, token_ids, False, tracked.tenant)
         reads = reads[first_block:]
         # The tail a pause stores holds every token but the last (vLLM computes that one); it
         # follows the full blocks, or stands in for the last one when that never filled.
         tail = None
         if (len(token_ids) - 1) % block_tokens:
-            kv_reads = block_reads(tracked.request_id, self._kv_format, token_ids[:-1])
+            kv_reads = block_reads(
+                tracked.request_id, self._kv_format, token_ids[:-1], tenant=tracked.tenant
+            )
             if kv_reads[-1].block_index >= first_block:
                 tail = kv_reads[-1]
         try:
@@ -197,7 +204,12 @@ class SpotConnectorScheduler:
                     continue
                 try:
                     loaded[position] = decode_block(
-                        read.name, data, self._kv_format, read.prefix_hash, read.num_tokens
+                        read.name,
+                        data,
+                        self._kv_format,
+                        read.prefix_hash,
+                        read.num_tokens,
+                        self._store.keyring,
                     )
                 except BlockRejected as rejected:
                     log.warning("staged %s; reading it from the store instead", rejected)
@@ -218,6 +230,9 @@ class SpotConnectorScheduler:
         if block.reason in harmless:
             return
         tracked.rejected_blocks += 1
+        if block.reason is RejectReason.MAC:
+            tracked.mac_rejected_blocks += 1
+            self._mac_rejected_blocks += 1
         log.warning("resume of %s: %s; its tokens are recomputed", tracked.request_id, block)
 
     def update_state_after_alloc(
@@ -247,13 +262,18 @@ class SpotConnectorScheduler:
                 self._kv_format.model_fingerprint,
                 list(request.all_token_ids),
                 self._kv_format.block_tokens,
+                tracked.tenant,
             )[: plan.first_block + len(full)]
         tracked.saved_blocks = plan.first_block + len(full)
         tracked.loaded_tokens = num_external_tokens
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> SpotConnectorMetadata:
-        meta = SpotConnectorMetadata(loads=self._loads, cached_blocks=self._cached_blocks)
-        self._loads, self._cached_blocks = [], 0
+        meta = SpotConnectorMetadata(
+            loads=self._loads,
+            cached_blocks=self._cached_blocks,
+            mac_rejected_blocks=self._mac_rejected_blocks,
+        )
+        self._loads, self._cached_blocks, self._mac_rejected_blocks = [], 0, 0
         if self._flushes:
             self._add_flushes(meta, self._flushes)
             self._flushes = []
@@ -289,6 +309,7 @@ class SpotConnectorScheduler:
                 self._kv_format.model_fingerprint,
                 list(token_ids[: full_blocks * block_tokens]),
                 block_tokens,
+                tracked.tenant,
             )
         saves = [
             BlockSave(tracked.request_id, index, block_ids[index], tracked.chain[index])
@@ -327,6 +348,7 @@ class SpotConnectorScheduler:
         return delay_free, {
             "spotinfer_loaded_tokens": tracked.loaded_tokens,
             "spotinfer_rejected_blocks": tracked.rejected_blocks,
+            "spotinfer_mac_rejected_blocks": tracked.mac_rejected_blocks,
         }
 
     def _name_flush(self, tracked: _Tracked, block_ids: list[int]) -> _Flush:
@@ -346,6 +368,7 @@ class SpotConnectorScheduler:
                 self._kv_format.model_fingerprint,
                 token_ids[: full_blocks * block_tokens],
                 block_tokens,
+                tracked.tenant,
             )
         saves = [
             BlockSave(
@@ -356,7 +379,10 @@ class SpotConnectorScheduler:
         tail_tokens = computed - full_blocks * block_tokens
         if tail_tokens:
             prefix = tail_hash(
-                self._kv_format.model_fingerprint, token_ids[:computed], block_tokens
+                self._kv_format.model_fingerprint,
+                token_ids[:computed],
+                block_tokens,
+                tracked.tenant,
             )
             assert prefix is not None
             saves.append(

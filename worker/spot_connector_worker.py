@@ -20,6 +20,7 @@ from worker.persist_stats import (
     DROPPED_BLOCKS,
     LOADED_STAGED_BLOCKS,
     LOADED_STORE_BLOCKS,
+    MAC_REJECTED_BLOCKS,
     WRITTEN_BLOCKS,
     WRITTEN_BYTES,
     PersistReporter,
@@ -54,6 +55,7 @@ class SpotConnectorWorker:
         self._loaded_staged = 0
         self._loaded_from_store = 0
         self._found_cached = 0
+        self._mac_rejected = 0
         self._writer = KVBlockWriter(store, kv_format, KV_WRITE_QUEUE_BLOCKS)
         self._persist_reporter = PersistReporter()
 
@@ -65,6 +67,7 @@ class SpotConnectorWorker:
     def start_load_kv(self, meta: SpotConnectorMetadata) -> None:
         """Fills every layer of the step's loads before the forward pass."""
         self._found_cached += meta.cached_blocks
+        self._mac_rejected += meta.mac_rejected_blocks
         for load in meta.loads:
             load_block(self._tensors, load.block_id, load.payload, self._geometry, load.num_tokens)
             if load.staged:
@@ -118,6 +121,7 @@ class SpotConnectorWorker:
                 LOADED_STAGED_BLOCKS: self._loaded_staged,
                 LOADED_STORE_BLOCKS: self._loaded_from_store,
                 CACHED_BLOCKS: self._found_cached,
+                MAC_REJECTED_BLOCKS: self._mac_rejected,
             }
         )
 

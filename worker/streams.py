@@ -19,7 +19,7 @@ from common.requests import Event, EventKind, FinishReason, GenerationRequest, T
 from common.validation import check_prompt_tokens, check_sampling
 from store import RequestRecord, RequestStatus
 from store.request_record import sampling_to_record
-from worker.constants import KV_PARAM_REQUEST_ID, PAUSED_DETAIL
+from worker.constants import KV_PARAM_REQUEST_ID, KV_PARAM_TENANT, PAUSED_DETAIL
 from worker.engine_context import EngineContext
 from worker.errors import (
     DuplicateRequest,
@@ -103,6 +103,7 @@ class RequestStreams:
                     kv_block_tokens=self._ctx.require_shape().kv_block_tokens,
                     status=RequestStatus.RUNNING,
                     owner_worker_id=self._ctx.config.worker_id,
+                    tenant=request.tenant,
                 )
             )
         async with contextlib.aclosing(self.stream(request, 0, kv_params)) as steps:
@@ -125,7 +126,7 @@ class RequestStreams:
         finish = FinishReason.CANCELLED  # unless vLLM says otherwise
         try:
             outputs = self._ctx.llm.generate(
-                self.prompt(request_id, request.prompt_token_ids),
+                self.prompt(request_id, request.prompt_token_ids, request.tenant),
                 self.sampling_params(request, kv_params),
                 request_id=request_id,
             )
@@ -202,12 +203,16 @@ class RequestStreams:
             )
         return None
 
-    def prompt(self, request_id: str, token_ids: Sequence[int]) -> dict[str, Any]:
+    def prompt(self, request_id: str, token_ids: Sequence[int], tenant: str = "") -> dict[str, Any]:
         """vLLM's prompt. Unless prefix caching across requests is on, the request's id salts
-        its block hashes: only the request itself (a warm-up before its resume) hits them."""
+        its block hashes: only the request itself (a warm-up before its resume) hits them.
+        With it on, the tenant does: requests share cached KV within their tenant only (the
+        default tenant stays unsalted)."""
         prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
         if not self._ctx.config.enable_prefix_caching:
             prompt["cache_salt"] = request_id
+        elif tenant:
+            prompt["cache_salt"] = f"tenant:{tenant}"
         return prompt
 
     def paused_chunk(self, request_id: str, index: int) -> TokenChunk:
@@ -224,6 +229,8 @@ class RequestStreams:
         from vllm.sampling_params import RequestOutputKind
 
         sampling = request.sampling
+        if kv_params:  # the connector names the request's blocks by its tenant's chain
+            kv_params = {**kv_params, KV_PARAM_TENANT: request.tenant}
         return SamplingParams(
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,

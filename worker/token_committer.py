@@ -296,4 +296,5 @@ def _fresh(record: RequestRecord, worker_id: str) -> RequestRecord:
         kv_block_tokens=record.kv_block_tokens,
         status=RequestStatus.RUNNING,
         owner_worker_id=worker_id,
+        tenant=record.tenant,
     )

@@ -57,6 +57,7 @@ class DrillReport:
     migrations: int
     recoveries: int
     preemptions: int = 0  # nodes the drill took away (noticed or killed)
+    mac_rejected_blocks: int = 0  # stored KV blocks a resume refused by their MAC
     sla_e2e_ms: float | None = None  # goodput counts requests within this; None: all
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -86,6 +87,7 @@ def build_report(
     sla_e2e_ms: float | None = None,
     preemptions: int = 0,
     bounded_recompute: bool = True,
+    mac_rejected_blocks: int = 0,
 ) -> DrillReport:
     """Checks the invariants. `reference` maps request id → uninterrupted greedy output.
     `bounded_recompute` False: the policy restarts interrupted requests from scratch by
@@ -122,6 +124,7 @@ def build_report(
         migrations=len(migrated),
         recoveries=len(recovered),
         preemptions=preemptions,
+        mac_rejected_blocks=mac_rejected_blocks,
         sla_e2e_ms=sla_e2e_ms,
     )
     report.checks = [
@@ -130,6 +133,12 @@ def build_report(
         Check("gaps", gaps, gaps == 0, "no token index missing"),
         Check("fidelity_mismatches", mismatches, mismatches == 0, "output == uninterrupted run"),
         Check("leaked_keys", leaked_keys, leaked_keys == 0, "no Redis key outlives its request"),
+        Check(
+            "mac_rejected_blocks",
+            mac_rejected_blocks,
+            mac_rejected_blocks == 0,
+            "no stored KV block fails its MAC (nothing altered or planted in Redis)",
+        ),
     ]
     if expect_zero_recompute:
         report.checks.append(

@@ -127,7 +127,9 @@ def run_drill(
         raise failure[0]
     say(f"{len(traces)} request(s) done; computing reference outputs on an undisturbed worker")
     references = reference_outputs(cluster, planned, options.ignore_eos)
-    leaked = leaked_keys(cluster.redis_url, [p.request_id for p in planned])
+    leaked = leaked_keys(
+        cluster.redis_url, [p.request_id for p in planned], **cluster.redis_admin_options
+    )
     report = build_report(
         scenario=options.scenario,
         policy=cluster.config.policy,
@@ -139,6 +141,7 @@ def run_drill(
         and cluster.config.policy == "spotinfer",
         bounded_recompute=cluster.config.policy == "spotinfer",
         preemptions=sum(1 for e in cluster.events if e.kind in PREEMPTION_EVENTS),
+        mac_rejected_blocks=cluster.mac_rejected_blocks(),
     )
     if options.time_scale != 1.0:
         report.notes.append(f"time scaled ×{options.time_scale:g} (grace periods too)")
@@ -179,14 +182,14 @@ def reference_outputs(
     return {p.request_id: t.token_ids for p, t in zip(planned, traces, strict=True) if t.ok}
 
 
-def leaked_keys(redis_url: str, request_ids: Sequence[str]) -> int:
+def leaked_keys(redis_url: str, request_ids: Sequence[str], **options: str) -> int:
     """Keys of these (finished) requests still in Redis after the retention, plus any key of
     ours that would never expire. Waits a little: finishing is asynchronous."""
     import redis
 
     from store import keys
 
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_url, **options)
     deadline = time.monotonic() + LEAK_WAIT_SECONDS
     try:
         while True:

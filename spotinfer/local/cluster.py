@@ -1,6 +1,6 @@
 """A whole spotinfer cluster on one machine, on embedded defaults.
 
-    redis-server (own, free port) ◀──────────────┬─────────────────┐
+    redis-server (own, free port, TLS) ◀─────────┬─────────────────┐
          ▲                                         │                 │
     coordinator ──▶ node-0: worker ◀── daemon ◀── metadata server (AWS / GCP / Azure format)
      (gRPC + HTTP)  node-1: worker ◀── daemon ◀── metadata server
@@ -10,6 +10,10 @@ Every node is a worker process, its context daemon and a local metadata server t
 the cloud's format, so a drill preempts a node exactly as the cloud would: the metadata
 server starts announcing the termination, the node's daemon sees it, and the rest is the
 product's own reaction. `kill` is the unannounced loss: worker and daemon die at once.
+
+Its own redis-server runs locked down (``secure_redis``, see redis_security.py): TLS only,
+each process logs in as its role's ACL user, and KV blocks and records are signed with a
+keyring generated for this cluster.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.metadata_servers import MetadataServer, metadata_server_for
 from spotinfer.local.redis_process import RedisProcess
+from spotinfer.local.redis_security import ADMIN_USER
 from spotinfer.local.worker_process import WorkerProcess
+from store.acl import Role
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +41,7 @@ CLOUDS = ("aws", "gcp", "azure")
 # What each cloud gives between the notice and the termination.
 DEFAULT_GRACE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 FAILOVER_BY_POLICY = {"spotinfer": "resume", "reroute": "reroute"}
+MAC_REJECTED_SAMPLE = "spotinfer_worker_kv_mac_rejected_blocks_total"
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ class ClusterConfig:
     port: int = 0  # coordinator gRPC; 0: a free port
     http_port: int = 0
     redis_url: str = ""  # empty: start our own redis-server
+    secure_redis: bool = True  # our own redis-server: TLS, ACL users per role, a MAC keyring
     cloud: str = "aws"
     dtype: str = "float32"
     max_model_len: int = 2048
@@ -104,7 +112,7 @@ class LocalCluster:
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             if not self.redis_url:
-                self.redis = RedisProcess().start()
+                self.redis = RedisProcess(secure=self.config.secure_redis).start()
                 self.redis_url = self.redis.url
                 self._say(f"redis-server at {self.redis_url}")
             self._start_coordinator()
@@ -118,7 +126,7 @@ class LocalCluster:
     def _start_coordinator(self, port: int | None = None, http_port: int | None = None) -> None:
         flags = (
             *("--model", self.config.model),
-            *("--redis-url", self.redis_url),
+            *self._store_flags(Role.COORDINATOR),
             *("--failover-policy", FAILOVER_BY_POLICY[self.config.policy]),
             *self.config.coordinator_flags,
         )
@@ -184,6 +192,26 @@ class LocalCluster:
             self._say(f"{node.name} ({node.role}) ready: worker {node.worker.address}")
         return nodes
 
+    def _store_flags(self, role: Role) -> tuple[str, ...]:
+        """How a process of ``role`` reaches Redis: as its own ACL user over TLS on our own
+        locked-down server, else the plain URL it was given."""
+        security = self.redis.security if self.redis is not None else None
+        if security is None:
+            return ("--redis-url", self.redis_url)
+        return tuple(security.store_flags(self.redis_url, role))
+
+    @property
+    def redis_admin_options(self) -> dict[str, str]:
+        """redis-py options for the operator's user (leak checks scan every key)."""
+        security = self.redis.security if self.redis is not None else None
+        if security is None:
+            return {}
+        return {
+            "username": ADMIN_USER,
+            "password": security.password(ADMIN_USER),
+            "ssl_ca_certs": str(security.ca_file),
+        }
+
     def _new_name(self) -> str:
         with self._lock:
             name = f"node-{self._next_node}"
@@ -198,9 +226,10 @@ class LocalCluster:
             *("--dtype", self.config.dtype),
             *("--max-model-len", str(self.config.max_model_len)),
             *("--memory-gib", str(self.config.memory_gib)),
-            *("--redis-url", self.redis_url),
+            *self._store_flags(Role.WORKER),
             *("--kv-persist-policy", self.config.persist_policy),
             log_dir=self.config.log_dir,
+            metrics=True,
         )
         return Node(name=name, role=role, metadata=metadata, worker=worker)
 
@@ -209,7 +238,7 @@ class LocalCluster:
             *("--notice-source", self.config.cloud),
             *("--metadata-url", node.metadata.base_url),
             *("--worker-address", node.worker.address),
-            *("--redis-url", self.redis_url),
+            *self._store_flags(Role.DAEMON),
             *("--azure-vm-name", node.name),
             *("--poll-interval-seconds", "0.5"),
             log_dir=self.config.log_dir,
@@ -273,6 +302,26 @@ class LocalCluster:
 
     def _record(self, kind: str, target: str = "", detail: str = "") -> None:
         self.events.append(ClusterEvent(time.perf_counter(), kind, target, detail))
+
+    def mac_rejected_blocks(self) -> int:
+        """Stored KV blocks the live workers refused by their MAC (each worker's
+        spotinfer_worker_kv_mac_rejected_blocks_total, summed; a dead worker's are gone)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        total = 0.0
+        for node in [n for n in list(self.nodes.values()) if n.alive]:
+            try:
+                with urllib.request.urlopen(node.worker.metrics_url, timeout=5) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue  # gone since (a drill's last disturbance)
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == MAC_REJECTED_SAMPLE:
+                        total += sample.value
+        return int(total)
 
     def active_nodes(self) -> list[Node]:
         """Nodes that can serve (alive, not under a notice): active ones first — as the

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import shutil
 import socket
+import ssl
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spotinfer.local.managed_process import ManagedProcess, free_port
+from spotinfer.local.redis_security import RedisSecurity
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -31,12 +33,17 @@ class RedisNotInstalled(RuntimeError):
     """No ``redis-server`` on PATH (Debian/Ubuntu: ``apt-get install redis-server``)."""
 
 
-def answers_ping(port: int) -> bool:
-    # RESP by hand: the launcher needs no client library to know the server is up.
+def answers_ping(port: int, ca_file: Path | None = None) -> bool:
+    # RESP by hand: the launcher needs no client library to know the server is up. A server
+    # that wants a password first ("-NOAUTH") is up as well.
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw:
+            conn = raw
+            if ca_file is not None:
+                context = ssl.create_default_context(cafile=str(ca_file))
+                conn = context.wrap_socket(raw, server_hostname="127.0.0.1")
             conn.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return conn.recv(64).startswith(b"+PONG")
+            return conn.recv(64).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
@@ -45,14 +52,19 @@ class RedisProcess(ManagedProcess):
     """``with RedisProcess() as redis: RedisStore.from_url(redis.url)``.
 
     ``extra_args`` are appended to the command line (a cluster node turns cluster mode on).
+    ``secure=True`` locks it down (see redis_security.py): TLS only, on ``url`` (rediss://),
+    one ACL user per role, and a MAC keyring, all in ``security``'s directory.
     """
 
-    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, port: int | None = None, extra_args: tuple[str, ...] = (), secure: bool = False
+    ) -> None:
         if shutil.which(REDIS_SERVER_BINARY) is None:
             raise RedisNotInstalled(f"{REDIS_SERVER_BINARY} is not on PATH")
         self.port = port if port is not None else free_port()
         self._extra_args = extra_args
         self._dir = Path(tempfile.mkdtemp(prefix=f"redis-{self.port}-"))
+        self.security = RedisSecurity.create(self._dir / "security") if secure else None
         super().__init__("redis-server", self._dir / LOG_NAME, cwd=self._dir)
 
     @property
@@ -61,15 +73,20 @@ class RedisProcess(ManagedProcess):
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        scheme = "rediss" if self.security is not None else "redis"
+        return f"{scheme}://{self.host}:{self.port}/0"
 
     def start(self) -> Self:
         """Start the server; return once it answers PING."""
         self._dir.mkdir(parents=True, exist_ok=True)
+        security = self.security
+        listen = (
+            security.server_args(self.port) if security is not None else ["--port", str(self.port)]
+        )
         self.spawn(
             [
                 REDIS_SERVER_BINARY,
-                *("--port", str(self.port)),
+                *listen,
                 *("--bind", self.host),
                 *("--save", ""),
                 *("--appendonly", "no"),
@@ -78,8 +95,11 @@ class RedisProcess(ManagedProcess):
                 *self._extra_args,
             ]
         )
+        ca_file = security.ca_file if security is not None else None
         self.wait_until(
-            lambda: answers_ping(self.port), STARTUP_TIMEOUT_SECONDS, POLL_INTERVAL_SECONDS
+            lambda: answers_ping(self.port, ca_file),
+            STARTUP_TIMEOUT_SECONDS,
+            POLL_INTERVAL_SECONDS,
         )
         return self
 

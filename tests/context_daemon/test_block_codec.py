@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import struct
+from zlib import crc32
+
 import pytest
 
 from store import BlockRejected, KVBlock, KVFormat, RejectReason, block_hashes
 from store.block_codec import chain_hash, decode_block, encode_block, tail_hash
+from store.mac_keyring import parse_keyring
 
 FORMAT = KVFormat(
     model_fingerprint="tiny:1",
@@ -102,3 +106,46 @@ def test_invalid_formats_and_blocks_are_refused_at_construction() -> None:
         KVBlock(FORMAT, bytes(16), 5, b"")
     with pytest.raises(ValueError):
         block_hashes("m", [2**32], 1)
+
+
+KEYRING = parse_keyring("1:" + "11" * 32 + "\n")
+
+
+def forged(data: bytes, offset: int) -> bytes:
+    """``data`` with one payload byte changed and its CRC recomputed: passes the checksum."""
+    changed = bytearray(data)
+    changed[offset] ^= 0x01
+    struct.pack_into("<I", changed, 8, crc32(bytes(changed[12:])))
+    return bytes(changed)
+
+
+def test_a_block_altered_with_its_crc_fixed_fails_its_mac() -> None:
+    prefix = block_hashes("tiny:1", [1, 2, 3, 4], 4)[0]
+    data = encode_block(KVBlock(FORMAT, prefix, 4, bytes(1024)), KEYRING)
+    assert decode_block("b", data, FORMAT, prefix, 4, KEYRING).payload == bytes(1024)
+    with pytest.raises(BlockRejected) as rejected:
+        decode_block("b", forged(data, -1), FORMAT, prefix, 4, KEYRING)
+    assert rejected.value.reason is RejectReason.MAC
+
+
+def test_a_block_under_another_key_fails_and_a_rotated_key_still_verifies() -> None:
+    prefix = block_hashes("tiny:1", [1, 2, 3, 4], 4)[0]
+    data = encode_block(KVBlock(FORMAT, prefix, 4, bytes(64)), KEYRING)
+    with pytest.raises(BlockRejected) as rejected:
+        decode_block("b", data, FORMAT, prefix, 4)  # the loopback key
+    assert rejected.value.reason is RejectReason.MAC
+    rotated = parse_keyring("1:" + "11" * 32 + "\n2:" + "22" * 32 + "\n")
+    decode_block("b", data, FORMAT, prefix, 4, rotated)
+    newer = encode_block(KVBlock(FORMAT, prefix, 4, bytes(64)), rotated)
+    with pytest.raises(BlockRejected):
+        decode_block("b", newer, FORMAT, prefix, 4, KEYRING)
+
+
+def test_tenants_name_the_same_tokens_differently() -> None:
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    default = block_hashes("tiny:1", tokens, 4)
+    assert default == block_hashes("tiny:1", tokens, 4, tenant="")
+    a = block_hashes("tiny:1", tokens, 4, tenant="a")
+    b = block_hashes("tiny:1", tokens, 4, tenant="b")
+    assert len({default[0], a[0], b[0]}) == 3 and len({default[1], a[1], b[1]}) == 3
+    assert tail_hash("tiny:1", tokens, 4, "a") != tail_hash("tiny:1", tokens, 4, "b")

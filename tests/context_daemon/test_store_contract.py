@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from spotinfer.local.redis_process import RedisProcess
 from store import (
     ConflictReason,
     InvalidTransition,
@@ -23,18 +24,35 @@ from store import (
     RequestStore,
     TokenCommit,
 )
+from store.acl import Role
 from tests.context_daemon.conftest import TEST_STORE_CONFIG
 from tests.support.redis_server import RedisServer
 
 StoreMaker = Callable[[int], RequestStore]  # retention seconds -> a store
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-tls-worker-acl"])
 def make_store(request: pytest.FixtureRequest) -> Iterator[StoreMaker]:
     if request.param == "memory":
         yield lambda retention: MemoryStore(
             dataclasses.replace(TEST_STORE_CONFIG, retention_seconds=retention)
         )
+        return
+    if request.param == "redis-tls-worker-acl":  # as a worker logs in: TLS, its ACL user
+        secure: RedisProcess = request.getfixturevalue("secure_redis")
+        assert secure.security is not None
+        stores: list[RedisStore] = []
+
+        def worker_store(retention: int) -> RequestStore:
+            config = secure.security.store_config(  # type: ignore[union-attr]
+                secure.url, Role.WORKER, retention_seconds=retention
+            )
+            stores.append(RedisStore.from_config(config))
+            return stores[-1]
+
+        yield worker_store
+        for store in stores:
+            store.close()
         return
     server: RedisServer = request.getfixturevalue("redis_server")
     client = redis.Redis.from_url(server.url, socket_timeout=5)

@@ -28,4 +28,12 @@ def test_public_contract_names() -> None:
     assert common_pb2.FINISH_REASON_CANCELLED == 3
     assert common_pb2.SLA_CLASS_BATCH == 2
     fields = {f.name for f in common_pb2.GenerateRequest.DESCRIPTOR.fields}
-    assert fields == {"request_id", "prompt", "prompt_token_ids", "sampling", "sla_class"}
+    # tenant is set by the coordinator for its workers; a client's value is never read
+    assert fields == {
+        "request_id",
+        "prompt",
+        "prompt_token_ids",
+        "sampling",
+        "sla_class",
+        "tenant",
+    }

@@ -4,6 +4,7 @@ ownership moves on resume, and a Redis that vanished and came back empty is refi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -93,7 +94,7 @@ async def test_redis_back_empty_gets_record_and_every_token_again(
 ) -> None:
     committer = TokenCommitter(store, "worker-x", RETRY_SECONDS)
     committer.start()
-    committer.admit(record("outage"))
+    committer.admit(dataclasses.replace(record("outage"), tenant="t-1"))
     committer.add("outage", [1, 2, 3])
     await wait_until_async(
         lambda: committed(store, "outage") == [1, 2, 3], "first commit", WAIT_SECONDS
@@ -109,7 +110,9 @@ async def test_redis_back_empty_gets_record_and_every_token_again(
     await wait_until_async(
         lambda: committed(store, "outage") == [1, 2, 3, 4, 5, 6], "every token again", WAIT_SECONDS
     )
-    assert store.get_request("outage").owner_worker_id == "worker-x"
+    refilled = store.get_request("outage")
+    assert refilled.owner_worker_id == "worker-x"
+    assert refilled.tenant == "t-1", "the refilled record keeps its tenant"
     committer.finish("outage", RequestStatus.FINISHED)
     await committer.close(WAIT_SECONDS)
     assert store.get_request("outage").status == RequestStatus.FINISHED

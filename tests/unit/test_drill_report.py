@@ -60,6 +60,18 @@ def test_each_broken_invariant_fails_the_drill() -> None:
         assert report.verdict == "FAIL", name
         assert name in failed, (name, failed)
     assert _report([_trace("r1", [1, 2, 3, 4])], leaked=3).verdict == "FAIL"
+    forged = build_report(
+        "notice",
+        "spotinfer",
+        [_trace("r1", [1, 2, 3, 4])],
+        REFERENCE,
+        0,
+        128,
+        True,
+        mac_rejected_blocks=1,
+    )
+    assert forged.verdict == "FAIL"
+    assert {c.name for c in forged.checks if not c.passed} == {"mac_rejected_blocks"}
 
 
 def test_abrupt_loss_allows_bounded_recompute() -> None:

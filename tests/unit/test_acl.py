@@ -1,0 +1,50 @@
+"""The ACL users come from the key schema: every key kind is granted, each rule is in reach
+of the keys it stands for, and the worker's patterns never reach the coordinators' records."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from store import keys
+from store.acl import ACCESS, Access, Role, acl_file_line, acl_rules
+from store.keys import KeyKind, key_pattern
+
+# One key of every kind, as the schema spells it.
+EXAMPLE_KEYS = {
+    KeyKind.META: keys.request_meta_key("r-1"),
+    KeyKind.TOKENS: keys.request_tokens_key("r-1"),
+    KeyKind.BLOCKS: keys.request_blocks_key("r-1"),
+    KeyKind.TAIL: keys.request_tail_key("r-1"),
+    KeyKind.ROUTE: keys.request_route_key("r-1"),
+    KeyKind.BLOCK: keys.block_key(bytes(range(16))),
+}
+
+
+def test_every_key_kind_is_granted_to_some_role() -> None:
+    assert set(EXAMPLE_KEYS) == set(KeyKind), "a new key kind needs an example here"
+    granted = {kind for access in ACCESS.values() for kind in access}
+    assert granted == set(KeyKind)
+
+
+def test_each_pattern_matches_its_own_kind_only() -> None:
+    for kind, key in EXAMPLE_KEYS.items():
+        matching = {other for other in KeyKind if fnmatchcase(key, key_pattern(other))}
+        assert matching == {kind}, (key, matching)
+
+
+def test_the_worker_cannot_reach_route_records_and_the_daemon_no_key() -> None:
+    worker_patterns = [key_pattern(kind) for kind in ACCESS[Role.WORKER]]
+    assert not any(fnmatchcase(EXAMPLE_KEYS[KeyKind.ROUTE], p) for p in worker_patterns)
+    assert ACCESS[Role.DAEMON] == {}
+    assert ACCESS[Role.COORDINATOR][KeyKind.META] is Access.READ
+
+
+def test_rules_start_from_nothing_and_grant_no_admin_command() -> None:
+    for role in Role:
+        rules = acl_rules(role)
+        assert rules[:2] == ["reset", "-@all"]
+        granted = {rule[1:] for rule in rules if rule.startswith("+")}
+        assert not granted & {"flushall", "flushdb", "config", "keys", "debug", "@all", "acl"}
+        assert "~*" not in rules
+    line = acl_file_line(Role.WORKER, "pw")
+    assert line.startswith("user worker reset -@all ") and line.endswith(" on >pw")
