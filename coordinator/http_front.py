@@ -4,6 +4,7 @@
     POST /v1/chat/completions   messages, through the model's chat template
     GET  /v1/models
     GET  /metrics               Prometheus text format
+    GET  /openapi.json          this front's OpenAPI document (coordinator/openapi.json)
 
 Both POST routes stream as server-sent events (`"stream": true`, ending `data: [DONE]`) or
 answer with one JSON object. Errors come back in OpenAI's shape, `{"error": {...}}`, with the
@@ -19,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from importlib import resources
 from typing import Any
 
 from aiohttp import web
@@ -43,6 +45,12 @@ _FINISH_NAMES = {
 }
 _SLA_BY_NAME = {"interactive": SlaClass.INTERACTIVE, "batch": SlaClass.BATCH}
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENAPI_DOCUMENT = "openapi.json"  # beside this module; tests check it against the routes
+
+
+def openapi_document() -> bytes:
+    """The OpenAPI 3 document of this front, as shipped in the package."""
+    return (resources.files("coordinator") / OPENAPI_DOCUMENT).read_bytes()
 
 
 class HttpError(Exception):
@@ -76,6 +84,7 @@ class HttpFront:
         self._model_name = model_name
         self._runner: web.AppRunner | None = None
         self._created = int(time.time())
+        self._openapi_bytes = openapi_document()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -83,6 +92,7 @@ class HttpFront:
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._prometheus)
+        app.router.add_get("/openapi.json", self._openapi)
         return app
 
     async def start(self, host: str, port: int) -> int:
@@ -116,6 +126,9 @@ class HttpFront:
         return web.Response(
             body=self._metrics.exposition(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE}
         )
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._openapi_bytes, content_type="application/json")
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
