@@ -163,8 +163,9 @@ class HttpFront:
             raise HttpError(
                 404, "not_found_error", f"model {model!r} is not served here ({self._model_name})"
             )
-        if int(body.get("n", 1) or 1) != 1:
-            raise InvalidRequest("n must be 1")
+        n = body.get("n", 1)
+        if n is not None and (isinstance(n, bool) or n != 1):
+            raise InvalidRequest(f"n must be 1, got {n!r}")
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:

@@ -6,6 +6,7 @@ import math
 
 import grpc
 import pytest
+import requests
 
 from protos.spotinfer.v1 import control_pb2
 from tests.coordinator.conftest import status_of
@@ -58,3 +59,15 @@ def test_a_grace_that_is_no_duration_is_invalid_argument(fuzz_cluster: FuzzClust
             call()
         assert status_of(raised.value) == grpc.StatusCode.INVALID_ARGUMENT
         assert "grace_seconds" in raised.value.details()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("n", [":", "two", [1], True])
+def test_an_n_that_is_not_a_number_is_400_not_500(fuzz_cluster: FuzzCluster, n: object):
+    """`int(body["n"])` raised ValueError for {"n": ":"}: a 500."""
+    response = requests.post(
+        fuzz_cluster.coordinator.http_url + "/v1/completions",
+        json={"prompt": "hi", "max_tokens": 1, "n": n},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    assert "n must be 1" in response.json()["error"]["message"]
