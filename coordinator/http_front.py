@@ -182,7 +182,6 @@ class HttpFront:
         sla_name = str(body.get("sla_class", "interactive")).lower()
         if sla_name not in _SLA_BY_NAME:
             raise InvalidRequest(f"sla_class must be one of {sorted(_SLA_BY_NAME)}")
-        stop = body.get("stop") or ()
         return self._dispatcher.submit(
             str(body.get("request_id", "")),
             prompt_ids,
@@ -192,7 +191,7 @@ class HttpFront:
                 top_p=_float(body, "top_p", 1.0),
                 top_k=_int(body, "top_k", 0),
                 seed=None if body.get("seed") is None else _int(body, "seed", 0),
-                stop=(stop,) if isinstance(stop, str) else tuple(str(s) for s in stop),
+                stop=_stop(body.get("stop")),
                 ignore_eos=bool(body.get("ignore_eos", False)),
             ),
             _SLA_BY_NAME[sla_name],
@@ -254,6 +253,17 @@ def _prompt_forms(prompt: Any) -> tuple[str, tuple[int, ...]]:
     if isinstance(prompt, list) and all(isinstance(t, int) and t >= 0 for t in prompt):
         return "", tuple(prompt)
     raise InvalidRequest("prompt must be a string or a list of token ids (one prompt)")
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    """OpenAI's `stop`: absent, one string, or a list of strings."""
+    if not stop:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return tuple(stop)
+    raise InvalidRequest(f"stop must be a string or a list of strings, got {stop!r}")
 
 
 def _int(body: dict[str, Any], name: str, default: int) -> int:

@@ -88,17 +88,30 @@ def scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
     if kind == _T.TYPE_BYTES:
         return st.binary(max_size=MAX_TEXT_CHARS)
     if kind == _T.TYPE_ENUM:
+        assert field.enum_type is not None
         known = [value.number for value in field.enum_type.values]
         # proto3 enums are open: a number the server does not know still parses.
         return st.one_of(st.sampled_from(known), integers(-(2**31), 2**31 - 1))
     raise TypeError(f"no strategy for field {field.full_name} of type {kind}")
 
 
+def _message_type(field: FieldDescriptor) -> Descriptor:
+    assert field.message_type is not None, field.full_name
+    return field.message_type
+
+
+def _paired(
+    field: FieldDescriptor, values: st.SearchStrategy[Any]
+) -> st.SearchStrategy[list[tuple[FieldDescriptor, Any]]]:
+    """``values`` as the one (field, value) pair a message gets for ``field``."""
+    return values.map(lambda value: [(field, value)])
+
+
 def _value(
     field: FieldDescriptor, overrides: Overrides, depth: int, strict: bool
 ) -> st.SearchStrategy[Any]:
     if field.type in (_T.TYPE_MESSAGE, _T.TYPE_GROUP):
-        return messages(field.message_type, overrides, depth + 1, strict)
+        return messages(_message_type(field), overrides, depth + 1, strict)
     extra = overrides.get(field.full_name)
     if extra is None:
         return scalar(field)
@@ -124,7 +137,7 @@ def _is_repeated(field: FieldDescriptor) -> bool:
 def _set(message: Message, field: FieldDescriptor, value: Any) -> None:
     if _is_map(field):
         target = getattr(message, field.name)
-        value_field = field.message_type.fields_by_name["value"]
+        value_field = _message_type(field).fields_by_name["value"]
         for key, item in value.items():
             if value_field.type == _T.TYPE_MESSAGE:
                 target[key].CopyFrom(item)
@@ -156,15 +169,13 @@ def messages(
     groups: list[st.SearchStrategy[list[tuple[FieldDescriptor, Any]]]] = []
     in_oneof = {f.number for oneof in descriptor.oneofs for f in oneof.fields}
     for oneof in descriptor.oneofs:
-        choices = [
-            _value(f, overrides, depth, strict).map(lambda v, f=f: [(f, v)]) for f in oneof.fields
-        ]
+        choices = [_paired(f, _value(f, overrides, depth, strict)) for f in oneof.fields]
         groups.append(st.one_of(st.just([]), *choices))
     for field in descriptor.fields:
         if field.number in in_oneof:
             continue
         if _is_map(field):
-            entry = field.message_type
+            entry = _message_type(field)
             keys = _value(entry.fields_by_name["key"], overrides, depth, strict)
             values = _value(entry.fields_by_name["value"], overrides, depth, strict)
             value: st.SearchStrategy[Any] = st.dictionaries(keys, values, max_size=MAX_REPEATED)
@@ -172,7 +183,7 @@ def messages(
             value = st.lists(_value(field, overrides, depth, strict), max_size=MAX_REPEATED)
         else:
             value = _value(field, overrides, depth, strict)
-        pair = value.map(lambda v, f=field: [(f, v)])
+        pair = _paired(field, value)
         groups.append(
             pair if _always_set(field, overrides, strict) else st.one_of(st.just([]), pair)
         )

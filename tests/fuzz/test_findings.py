@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import grpc
 import pytest
@@ -62,7 +63,7 @@ def test_a_grace_that_is_no_duration_is_invalid_argument(fuzz_cluster: FuzzClust
 
 
 @pytest.mark.parametrize("n", [":", "two", [1], True])
-def test_an_n_that_is_not_a_number_is_400_not_500(fuzz_cluster: FuzzCluster, n: object):
+def test_an_n_that_is_not_a_number_is_400_not_500(fuzz_cluster: FuzzCluster, n: Any):
     """`int(body["n"])` raised ValueError for {"n": ":"}: a 500."""
     response = requests.post(
         fuzz_cluster.coordinator.http_url + "/v1/completions",
@@ -71,3 +72,15 @@ def test_an_n_that_is_not_a_number_is_400_not_500(fuzz_cluster: FuzzCluster, n: 
     )
     assert response.status_code == 400, response.text
     assert "n must be 1" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stop", [1.5, {"a": 1}, [1, "x"], True])
+def test_a_stop_that_is_not_strings_is_400_not_500(fuzz_cluster: FuzzCluster, stop: Any):
+    """`tuple(str(s) for s in stop)` raised TypeError for {"stop": 1.8e308}: a 500."""
+    response = requests.post(
+        fuzz_cluster.coordinator.http_url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "stop": stop},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    assert "stop must be" in response.json()["error"]["message"]
