@@ -16,6 +16,8 @@ from typing import Any
 
 import grpc
 
+from common.rpc import RejectsUndecodable
+
 INSECURE = "insecure"
 TRANSPORT_MODES = (INSECURE,)
 
@@ -69,9 +71,12 @@ def async_channel(
 
 
 def async_server(max_message_bytes: int, transport: TransportConfig = PLAINTEXT) -> grpc.aio.Server:
-    """An asyncio server with the message limits; bind it with `listen`."""
+    """An asyncio server with the message limits that answers an undecodable request
+    INVALID_ARGUMENT (`RejectsUndecodable`); bind it with `listen`."""
     _credentials(transport)
-    return grpc.aio.server(options=server_options(max_message_bytes))
+    return grpc.aio.server(
+        options=server_options(max_message_bytes), interceptors=(RejectsUndecodable(),)
+    )
 
 
 def listen(server: grpc.aio.Server, address: str, transport: TransportConfig = PLAINTEXT) -> int:

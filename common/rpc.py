@@ -1,5 +1,6 @@
-"""What every spotinfer gRPC server shares: health, reflection, and the one wrapper that
-turns our typed errors into gRPC statuses (see `common.errors`)."""
+"""What every spotinfer gRPC server shares: health, reflection, the one wrapper that turns our
+typed errors into gRPC statuses (see `common.errors`), and the interceptor that answers a
+request that does not decode with INVALID_ARGUMENT (gRPC's own answer is UNKNOWN)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from common.errors import ServiceError, is_unexpected
+from common.errors import InvalidRequest, ServiceError, is_unexpected
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,59 @@ def maps_errors(method: Method) -> Method:
             raise  # unreachable: abort raises
 
     return cast(Method, unary)
+
+
+class RejectsUndecodable(grpc.aio.ServerInterceptor):
+    """Decodes the request of every unary-request method itself: bytes that are not the
+    method's message end the call INVALID_ARGUMENT, with the parser's reason, before the
+    servicer runs. (gRPC decodes before any interceptor could catch it and answers UNKNOWN,
+    which a client cannot tell from a server fault.) Streaming requests pass untouched."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method  # type: ignore[attr-defined]
+        decode = _decoder(handler.request_deserializer, method)
+        if handler.response_streaming:
+            behavior, make = handler.unary_stream, grpc.unary_stream_rpc_method_handler
+        else:
+            behavior, make = handler.unary_unary, grpc.unary_unary_rpc_method_handler
+        if inspect.isasyncgenfunction(behavior):
+
+            async def streamed(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+                request = await decode(raw, context)
+                async for item in behavior(request, context):
+                    yield item
+
+            wrapped: Callable[..., Any] = streamed
+        elif inspect.iscoroutinefunction(behavior):
+
+            async def awaited(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+                return await behavior(await decode(raw, context), context)
+
+            wrapped = awaited
+        else:
+            return handler
+        return make(wrapped, response_serializer=handler.response_serializer)
+
+
+def _decoder(
+    deserialize: Callable[[bytes], Any], method: str
+) -> Callable[[bytes, grpc.aio.ServicerContext], Any]:
+    async def decode(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return deserialize(raw)
+        except Exception as exc:
+            await abort_with(
+                context, InvalidRequest(f"the request to {method} does not decode: {exc}")
+            )
+
+    return decode
 
 
 def add_health_and_reflection(

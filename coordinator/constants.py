@@ -41,6 +41,9 @@ SPAN_CONTEXT_TOKENS = 8
 # --- live migration on a notice -------------------------------------------------------------
 # A notice without a deadline (or one whose deadline we never heard) gives the worker this long.
 NOTICE_DEFAULT_GRACE_SECONDS = 30.0
+# The longest grace an operator may give a Drain or an injected notice (a day; clouds give
+# minutes at most).
+MAX_GRACE_SECONDS = 86_400.0
 # Default notice lead times of InjectNotice when a drill gives none (see DESIGN.md).
 NOTICE_SECONDS_BY_CLOUD = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 # A paused request waits for its flush report up to the notice deadline plus this.

@@ -20,6 +20,7 @@ __all__ = [
     "UnknownRequest",
     "UnknownWorker",
     "WorkerStreamBroken",
+    "WorkerUnreachable",
 ]
 
 
@@ -79,6 +80,18 @@ class UnknownWorker(ServiceError, KeyError):
 
     def __str__(self) -> str:
         return f"no worker with id {self.args[0]!r} is registered"
+
+
+class WorkerUnreachable(ServiceError, RuntimeError):
+    """A call the operator asked for (Drain) could not reach the worker; maps to UNAVAILABLE
+    (HTTP 503)."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    http_type = "service_unavailable"
+
+    def __init__(self, worker_id: str, reason: str) -> None:
+        super().__init__(f"worker {worker_id!r} did not answer: {reason}")
 
 
 class IndexOutOfRange(ServiceError, IndexError):

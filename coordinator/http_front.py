@@ -4,6 +4,7 @@
     POST /v1/chat/completions   messages, through the model's chat template
     GET  /v1/models
     GET  /metrics               Prometheus text format
+    GET  /openapi.json          this front's OpenAPI document (coordinator/openapi.json)
 
 Both POST routes stream as server-sent events (`"stream": true`, ending `data: [DONE]`) or
 answer with one JSON object. Errors come back in OpenAI's shape, `{"error": {...}}`, with the
@@ -19,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from importlib import resources
 from typing import Any
 
 from aiohttp import web
@@ -43,6 +45,12 @@ _FINISH_NAMES = {
 }
 _SLA_BY_NAME = {"interactive": SlaClass.INTERACTIVE, "batch": SlaClass.BATCH}
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENAPI_DOCUMENT = "openapi.json"  # beside this module; tests check it against the routes
+
+
+def openapi_document() -> bytes:
+    """The OpenAPI 3 document of this front, as shipped in the package."""
+    return (resources.files("coordinator") / OPENAPI_DOCUMENT).read_bytes()
 
 
 class HttpError(Exception):
@@ -76,6 +84,7 @@ class HttpFront:
         self._model_name = model_name
         self._runner: web.AppRunner | None = None
         self._created = int(time.time())
+        self._openapi_bytes = openapi_document()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -83,6 +92,7 @@ class HttpFront:
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._prometheus)
+        app.router.add_get("/openapi.json", self._openapi)
         return app
 
     async def start(self, host: str, port: int) -> int:
@@ -116,6 +126,9 @@ class HttpFront:
         return web.Response(
             body=self._metrics.exposition(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE}
         )
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._openapi_bytes, content_type="application/json")
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
@@ -151,8 +164,9 @@ class HttpFront:
             raise HttpError(
                 404, "not_found_error", f"model {model!r} is not served here ({self._model_name})"
             )
-        if int(body.get("n", 1) or 1) != 1:
-            raise InvalidRequest("n must be 1")
+        n = body.get("n", 1)
+        if n is not None and (isinstance(n, bool) or n != 1):
+            raise InvalidRequest(f"n must be 1, got {n!r}")
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -169,7 +183,6 @@ class HttpFront:
         sla_name = str(body.get("sla_class", "interactive")).lower()
         if sla_name not in _SLA_BY_NAME:
             raise InvalidRequest(f"sla_class must be one of {sorted(_SLA_BY_NAME)}")
-        stop = body.get("stop") or ()
         return self._dispatcher.submit(
             str(body.get("request_id", "")),
             prompt_ids,
@@ -179,7 +192,7 @@ class HttpFront:
                 top_p=_float(body, "top_p", 1.0),
                 top_k=_int(body, "top_k", 0),
                 seed=None if body.get("seed") is None else _int(body, "seed", 0),
-                stop=(stop,) if isinstance(stop, str) else tuple(str(s) for s in stop),
+                stop=_stop(body.get("stop")),
                 ignore_eos=bool(body.get("ignore_eos", False)),
             ),
             _SLA_BY_NAME[sla_name],
@@ -241,6 +254,17 @@ def _prompt_forms(prompt: Any) -> tuple[str, tuple[int, ...]]:
     if isinstance(prompt, list) and all(isinstance(t, int) and t >= 0 for t in prompt):
         return "", tuple(prompt)
     raise InvalidRequest("prompt must be a string or a list of token ids (one prompt)")
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    """OpenAI's `stop`: absent, one string, or a list of strings."""
+    if not stop:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return tuple(stop)
+    raise InvalidRequest(f"stop must be a string or a list of strings, got {stop!r}")
 
 
 def _int(body: dict[str, Any], name: str, default: int) -> int:

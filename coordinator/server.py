@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -25,12 +26,14 @@ from coordinator.admission import Admission, AdmissionLimits
 from coordinator.adoption import Adoption
 from coordinator.config import CoordinatorConfig, check_address, split_worker_flag
 from coordinator.constants import (
+    MAX_GRACE_SECONDS,
     NOTICE_DEFAULT_GRACE_SECONDS,
     NOTICE_SECONDS_BY_CLOUD,
     RECORD_FLUSH_INTERVAL_SECONDS,
     SERVER_STOP_GRACE_SECONDS,
 )
 from coordinator.dispatcher import Dispatcher
+from coordinator.errors import WorkerUnreachable
 from coordinator.failover import FailoverPolicy
 from coordinator.fleet_model import FleetModel
 from coordinator.heartbeat import Heartbeat
@@ -215,9 +218,15 @@ class ControlService(control_pb2_grpc.ControlServicer):
     async def Drain(  # noqa: N802
         self, request: control_pb2.DrainWorkerRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.DrainWorkerResponse:
+        grace_seconds = _grace_seconds(request.grace_seconds)
         entry = self._registry.find(request.worker_id)
         self._registry.request_drain(entry)
-        in_flight = await entry.client.drain(request.grace_seconds)
+        try:
+            in_flight = await entry.client.drain(grace_seconds)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            raise WorkerUnreachable(entry.worker_id, exc.details() or exc.code().name) from exc
         return control_pb2.DrainWorkerResponse(in_flight=in_flight)
 
     @maps_errors
@@ -227,8 +236,9 @@ class ControlService(control_pb2_grpc.ControlServicer):
         """For drills: the notice a cloud would give. The worker leaves routing at once; its
         daemon (when registered, and when the failover policy moves paused requests) flushes
         it by the deadline, and its requests migrate (see migration.py)."""
+        given_grace = _grace_seconds(request.grace_seconds)
         entry = self._registry.find(request.worker_id)
-        grace = request.grace_seconds or NOTICE_SECONDS_BY_CLOUD.get(
+        grace = given_grace or NOTICE_SECONDS_BY_CLOUD.get(
             request.cloud, NOTICE_DEFAULT_GRACE_SECONDS
         )
         if request.kind == control_pb2.NOTICE_KIND_REBALANCE:
@@ -361,6 +371,14 @@ class Coordinator:
     async def registered(self, entry: WorkerEntry) -> None:
         """A new worker: ask its Stats now rather than at the next beat."""
         await self.heartbeat.beat()
+
+
+def _grace_seconds(value: float) -> float:
+    """A Drain's or a notice's grace as the operator gave it; raises InvalidRequest unless it
+    is a finite number of seconds in [0, MAX_GRACE_SECONDS]."""
+    if not math.isfinite(value) or not 0 <= value <= MAX_GRACE_SECONDS:
+        raise InvalidRequest(f"grace_seconds must be in [0, {MAX_GRACE_SECONDS:g}], got {value}")
+    return value
 
 
 def _worker_and_daemon(value: str, role: WorkerRole) -> tuple[str, WorkerRole, str, str]:
