@@ -53,6 +53,8 @@ class GenerationRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: Sampling
     sla_class: SlaClass = SlaClass.INTERACTIVE
+    # The tenant of the API key that started it ("": the default tenant, no keys).
+    tenant: str = ""
 
 
 @dataclass(frozen=True)
