@@ -2,7 +2,7 @@
 deployments (a larger one brings its own PKI; the processes only read PEM files).
 
     spotinfer certs ca   --dir tls/
-    spotinfer certs node --dir tls/ --name worker-a --role worker --host 10.0.0.5
+    spotinfer certs node --dir tls/ --name worker-a --role worker --role daemon --host 10.0.0.5
 """
 
 from __future__ import annotations
@@ -29,7 +29,14 @@ def register(subparsers: Any) -> None:
     node.add_argument("--dir", type=Path, required=True, help="folder holding ca.pem/ca.key")
     node.add_argument("--out", type=Path, default=None, help="where to write (default: --dir)")
     node.add_argument("--name", required=True, help="file name and common name")
-    node.add_argument("--role", required=True, choices=NODE_ROLES)
+    node.add_argument(
+        "--role",
+        action="append",
+        required=True,
+        choices=NODE_ROLES,
+        help="the node's role; repeat for a certificate two processes share (a worker VM: "
+        "--role worker --role daemon)",
+    )
     node.add_argument(
         "--host",
         action="append",
@@ -57,8 +64,15 @@ def run_node(args: argparse.Namespace) -> int:
         ca = load_ca(args.dir)
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from exc
+    role, *extra = args.role
     paths = make_node_cert(
-        ca, args.out or args.dir, args.name, args.role, tuple(args.host), days=args.days
+        ca,
+        args.out or args.dir,
+        args.name,
+        role,
+        tuple(args.host),
+        days=args.days,
+        extra_roles=tuple(extra),
     )
-    print(f"{args.role} certificate {paths.cert}\n{args.role} key         {paths.key}")
+    print(f"{'+'.join(args.role)} certificate {paths.cert}\nkey {paths.key}")
     return 0

@@ -111,11 +111,14 @@ def make_node_cert(
     role: str,
     hosts: tuple[str, ...] = (),
     days: int = DEFAULT_VALID_DAYS,
+    extra_roles: tuple[str, ...] = (),
 ) -> CertPaths:
     """``<name>.pem`` / ``<name>.key`` in ``folder``, signed by ``ca``, for a node of ``role``
-    reachable at ``hosts`` (names or IPs; localhost and 127.0.0.1 always)."""
-    if role not in NODE_ROLES:
-        raise ValueError(f"role must be one of {NODE_ROLES}, got {role!r}")
+    reachable at ``hosts`` (names or IPs; localhost and 127.0.0.1 always). ``extra_roles``:
+    more roles for one certificate (a worker VM's worker and daemon share the files)."""
+    for each in (role, *extra_roles):
+        if each not in NODE_ROLES:
+            raise ValueError(f"role must be one of {NODE_ROLES}, got {each!r}")
     ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
     ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey), "the CA key must be EC"
@@ -138,7 +141,7 @@ def make_node_cert(
         .not_valid_before(not_before)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_subject_alternative_names(role, hosts), critical=False)
+        .add_extension(_subject_alternative_names((role, *extra_roles), hosts), critical=False)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -153,8 +156,12 @@ def make_node_cert(
     return paths
 
 
-def _subject_alternative_names(role: str, hosts: tuple[str, ...]) -> x509.SubjectAlternativeName:
-    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(role_uri(role))]
+def _subject_alternative_names(
+    node_roles: tuple[str, ...], hosts: tuple[str, ...]
+) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = [
+        x509.UniformResourceIdentifier(role_uri(role)) for role in dict.fromkeys(node_roles)
+    ]
     seen: set[str] = set()
     for host in (*LOCAL_NAMES, *LOCAL_IPS, *hosts):
         if not host or host in seen:
