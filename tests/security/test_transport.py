@@ -160,3 +160,34 @@ def test_a_transport_config_with_a_half_pair_is_refused(pki: Pki, missing: str) 
     fields[missing] = ""
     with pytest.raises(ValueError):
         TransportConfig(**fields)
+
+
+async def test_an_api_key_travels_on_plaintext_channels_too(tmp_path: Path) -> None:
+    """A server holding keys and no TLS: the key is all that lets a caller in, sent by both
+    channel kinds of the factory."""
+    from common.api_keys import KeyRing, new_key
+    from common.authz import Gatekeeper, roles
+    from common.channels import sync_channel
+
+    record, token = new_key("acme")
+    table = {"spotinfer.v1.Worker": {"Stats": roles("tenant")}}
+    server = async_server(
+        0, interceptors=[AuthorizationInterceptor(table, Gatekeeper(KeyRing([record])))]
+    )
+    worker_pb2_grpc.add_WorkerServicer_to_server(_Worker(), server)
+    port = listen(server, "127.0.0.1:0")
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    try:
+        assert await _stats(address, PLAINTEXT) == grpc.StatusCode.UNAUTHENTICATED
+        async with async_channel(address, api_key=token) as channel:
+            await worker_pb2_grpc.WorkerStub(channel).Stats(worker_pb2.StatsRequest(), timeout=5)
+
+        def blocking() -> str:
+            with sync_channel(address, api_key=token) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                return stub.Stats(worker_pb2.StatsRequest(), timeout=5).worker_id
+
+        assert await asyncio.to_thread(blocking) == "w0"
+    finally:
+        await server.stop(0)
