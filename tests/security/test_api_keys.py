@@ -63,3 +63,17 @@ def test_key_limits_answer_with_a_retry_hint() -> None:
     assert rate.value.http_headers()["Retry-After"] == "1"
     with limits.admitted("k2"):  # another key has its own bucket
         pass
+
+
+def test_a_coordinator_off_loopback_without_keys_refuses_to_start(tmp_path: Path) -> None:
+    from common.authz import AccessConfig
+    from coordinator.config import CoordinatorConfig
+
+    with pytest.raises(ValueError, match="without API keys"):
+        CoordinatorConfig(host="0.0.0.0")
+    CoordinatorConfig(host="127.0.0.1")
+    CoordinatorConfig(host="0.0.0.0", allow_no_keys=True)
+    record, _ = new_key("acme")
+    keys = tmp_path / "keys.jsonl"
+    append_key(keys, record)
+    CoordinatorConfig(host="0.0.0.0", api_keys=AccessConfig(file=str(keys)))
