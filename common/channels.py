@@ -32,6 +32,7 @@ import grpc
 log = logging.getLogger(__name__)
 
 ChannelOptions = Sequence[tuple[str, Any]]
+UNIX_SOCKET_SERVER_NAME = "localhost"
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ def sync_channel(
     with every call as ``authorization: Bearer <key>``."""
     options = message_size_options(max_message_bytes)
     if transport.tls:
+        options += _tls_target_options(address)
         credentials = channel_credentials(transport)
         if api_key:
             credentials = grpc.composite_channel_credentials(
@@ -138,6 +140,7 @@ def async_channel(
     for `sync_channel`."""
     options = message_size_options(max_message_bytes)
     if transport.tls:
+        options += _tls_target_options(address)
         credentials = channel_credentials(transport)
         if api_key:
             credentials = grpc.composite_channel_credentials(
@@ -146,6 +149,15 @@ def async_channel(
         return grpc.aio.secure_channel(address, credentials, options=options)
     interceptors = [_AsyncBearerUnary(api_key), _AsyncBearerStream(api_key)] if api_key else None
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+def _tls_target_options(address: str) -> list[tuple[str, Any]]:
+    """A unix socket has no host name: gRPC would check the certificate against the socket's
+    path. The process behind a local socket is checked as ``localhost`` (every node
+    certificate names it)."""
+    if address.startswith("unix:"):
+        return [("grpc.ssl_target_name_override", UNIX_SOCKET_SERVER_NAME)]
+    return []
 
 
 def _with_key(details: Any, api_key: str) -> Any:

@@ -191,3 +191,18 @@ async def test_an_api_key_travels_on_plaintext_channels_too(tmp_path: Path) -> N
         assert await asyncio.to_thread(blocking) == "w0"
     finally:
         await server.stop(0)
+
+
+async def test_mutual_tls_works_over_a_unix_socket(pki: Pki, tmp_path: Path) -> None:
+    """The daemon reaches its worker over a local socket; the certificate is checked as
+    localhost there."""
+    server = async_server(0, interceptors=[AuthorizationInterceptor(WORKER_AUTHORIZATION)])
+    worker_pb2_grpc.add_WorkerServicer_to_server(_Worker(), server)
+    address = f"unix:{tmp_path / 'worker.sock'}"
+    listen(server, address, pki.transport("worker"))
+    await server.start()
+    try:
+        assert await _preempt(address, pki.transport("daemon")) == grpc.StatusCode.OK
+        assert await _stats(address, pki.client_only()) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(0)
