@@ -3,7 +3,11 @@ request moves on a termination notice, at several context lengths.
 
     python -m benchmarks.migration_downtime [--contexts 256,1024,2048,4096]
         [--repeats 3] [--json docs/bench/migration_downtime.json]
-        [--plot docs/bench/migration_downtime.png]
+        [--plot docs/bench/migration_downtime.png] [--tls]
+
+With ``--tls`` every hop is encrypted as the local cluster runs it: the client reaches the
+coordinator over TLS with an API key, coordinator, workers and daemons talk mutual TLS
+(certificates made in the log folder).
 
 Real processes only: a redis-server on a free port; per sample a worker A (SmolLM2-135M,
 bfloat16, eager KV persistence) with its context daemon, the standby worker B (kept loaded
@@ -56,7 +60,9 @@ from benchmarks.harness import (
     write_json,
 )
 from benchmarks.resume_latency import TextTokens
-from protos.spotinfer.v1 import common_pb2, control_pb2
+from common.channels import sync_channel
+from protos.spotinfer.v1 import common_pb2, control_pb2, inference_pb2_grpc
+from spotinfer.local.cluster_secrets import ClusterSecrets
 from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.metadata_servers import AwsImds
@@ -86,14 +92,25 @@ def worker_flags(redis_url: str, worker_id: str, socket_path: Path) -> tuple[str
 
 
 def start_node(
-    stack: ExitStack, model: str, redis_url: str, worker_id: str, log_dir: Path
+    stack: ExitStack,
+    model: str,
+    redis_url: str,
+    worker_id: str,
+    log_dir: Path,
+    secrets: ClusterSecrets,
 ) -> tuple[WorkerProcess, DaemonProcess]:
     """A worker and its daemon (reaching it over a unix socket), metadata server idle."""
     log_dir.mkdir(parents=True, exist_ok=True)
     socket_path = log_dir / f"{worker_id}.sock"
     metadata = stack.enter_context(AwsImds())
     worker = stack.enter_context(
-        WorkerProcess(model, *worker_flags(redis_url, worker_id, socket_path), log_dir=log_dir)
+        WorkerProcess(
+            model,
+            *worker_flags(redis_url, worker_id, socket_path),
+            *secrets.flags("worker"),
+            log_dir=log_dir,
+            transport=secrets.operator_transport,
+        )
     )
     daemon = stack.enter_context(
         DaemonProcess(
@@ -102,7 +119,9 @@ def start_node(
             *("--worker-address", f"unix:{socket_path}"),
             *("--redis-url", redis_url),
             *("--daemon-id", f"daemon-of-{worker_id}"),
+            *secrets.flags("daemon"),
             log_dir=log_dir,
+            transport=secrets.operator_transport,
         )
     )
     return worker, daemon
@@ -168,9 +187,10 @@ def one_sample(
     prompt: list[int],
     request_id: str,
     log_dir: Path,
+    secrets: ClusterSecrets,
 ) -> dict[str, Any]:
     with ExitStack() as stack:
-        source, source_daemon = start_node(stack, model, redis_url, "worker-a", log_dir)
+        source, source_daemon = start_node(stack, model, redis_url, "worker-a", log_dir, secrets)
         target, target_daemon = standby
         coordinator = stack.enter_context(
             CoordinatorProcess(
@@ -179,12 +199,19 @@ def one_sample(
                 *("--failover-policy", "resume"),
                 *("--redis-url", redis_url),
                 *("--heartbeat-interval-seconds", "0.5"),
+                *secrets.flags("coordinator"),
                 log_dir=log_dir,
+                transport=secrets.operator_transport,
             )
         )
         _wait_watched(coordinator)
+        client = stack.enter_context(
+            sync_channel(
+                coordinator.address, transport=secrets.client_transport, api_key=secrets.api_key
+            )
+        )
         stream = ClientStream(
-            coordinator.inference.Generate(
+            inference_pb2_grpc.InferenceStub(client).Generate(
                 common_pb2.GenerateRequest(
                     request_id=request_id,
                     prompt_token_ids=prompt,
@@ -341,14 +368,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = benchmark_parser(__doc__, rounds=3, rounds_flag="--repeats", plot=True)
     parser.add_argument("--contexts", default="256,1024,2048,4096")
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/migration-downtime"))
+    parser.add_argument("--tls", action="store_true", help="TLS, mutual TLS and an API key")
     args = parser.parse_args(argv)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    secrets = ClusterSecrets.make(args.log_dir) if args.tls else ClusterSecrets()
     model = resolve_model_arg(args.model)
     contexts = [int(c) for c in args.contexts.split(",")]
     texts = TextTokens(model)
     samples: list[dict[str, Any]] = []
     with ExitStack() as stack:
         redis = stack.enter_context(RedisProcess())
-        standby = start_node(stack, model, redis.url, "worker-b", args.log_dir / "standby")
+        standby = start_node(stack, model, redis.url, "worker-b", args.log_dir / "standby", secrets)
         progress = stack.enter_context(Progress(transient=False))
         task = progress.add_task("migrations", total=args.repeats * len(contexts))
         for repeat in range(args.repeats):  # interleaved: the box is shared
@@ -357,7 +387,13 @@ def main(argv: list[str] | None = None) -> int:
                 prompt = texts.prompt(context - TOKENS_BEFORE_NOTICE, seed=1000 * repeat + context)
                 request_id = f"downtime-{context}-{repeat}"
                 sample = one_sample(
-                    model, redis.url, standby, prompt, request_id, args.log_dir / request_id
+                    model,
+                    redis.url,
+                    standby,
+                    prompt,
+                    request_id,
+                    args.log_dir / request_id,
+                    secrets,
                 )
                 sample.update(context=context, repeat=repeat)
                 samples.append(sample)
@@ -370,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": "bfloat16",
         "command": "python -m benchmarks.migration_downtime " + " ".join(sys.argv[1:]),
         "repeats": args.repeats,
+        "tls": args.tls,
         "summary": rows,
         "samples": samples,
     }

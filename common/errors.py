@@ -12,6 +12,7 @@ one whose code is INTERNAL, is unexpected: it is logged and answered INTERNAL (H
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import grpc
@@ -28,6 +29,8 @@ class ServiceError(Exception):
     http_status: ClassVar[int] = 500
     # The `type` of an OpenAI-shaped error body.
     http_type: ClassVar[str] = "internal_error"
+    # The `code` of an OpenAI-shaped error body; None: the HTTP status.
+    http_code: ClassVar[str | None] = None
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         """Hints for a gRPC client (e.g. when to retry); none by default."""
@@ -49,3 +52,48 @@ class InvalidRequest(ServiceError, ValueError):
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT
     http_status = 400
     http_type = "invalid_request_error"
+
+
+RETRY_AFTER_METADATA_KEY = "retry-after-ms"
+
+
+class Unauthenticated(ServiceError):
+    """No API key, or one the keys file does not hold (gRPC UNAUTHENTICATED, HTTP 401)."""
+
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 401
+    http_type = "invalid_request_error"
+    http_code = "invalid_api_key"
+
+
+class PermissionDenied(ServiceError):
+    """A known caller (key or certificate) whose role may not call this method
+    (gRPC PERMISSION_DENIED, HTTP 403)."""
+
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    http_status = 403
+    http_type = "permission_error"
+    http_code = "permission_denied"
+
+
+class RateLimited(ServiceError):
+    """An API key over its request rate or its concurrency (gRPC RESOURCE_EXHAUSTED with
+    trailing ``retry-after-ms``, HTTP 429 with ``Retry-After``), as a full queue answers."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+    http_type = "rate_limit_error"
+    http_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(f"{message}; retry after {retry_after_ms} ms")
+        self.retry_after_ms = retry_after_ms
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((RETRY_AFTER_METADATA_KEY, str(self.retry_after_ms)),)
+
+    def http_headers(self) -> dict[str, str]:
+        return {
+            "Retry-After": str(max(1, math.ceil(self.retry_after_ms / 1000))),
+            RETRY_AFTER_METADATA_KEY: str(self.retry_after_ms),
+        }

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.channels import TransportConfig
 from common.config_source import ConfigSource
 from context_daemon.constants import (
     DEFAULT_DAEMON_PORT,
@@ -49,6 +50,10 @@ class DaemonConfig:
     store: StoreConfig = field(
         default_factory=StoreConfig,
         metadata={"help": "Redis the worker persists to (for Status); no URL: none"},
+    )
+    transport: TransportConfig = field(
+        default_factory=TransportConfig,
+        metadata={"help": "TLS of the daemon's server (mutual) and of its calls to the worker"},
     )
     host: str = field(
         default="127.0.0.1",

@@ -176,7 +176,11 @@ class ContextDaemon:
     ) -> ContextDaemon:
         watcher = create_watcher(config.notice_source, **config.watcher_options())
         return cls(
-            config, watcher, WorkerLink(config.worker_address), hook, orchestrated=orchestrated
+            config,
+            watcher,
+            WorkerLink(config.worker_address, config.transport),
+            hook,
+            orchestrated=orchestrated,
         )
 
     @property

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from common.advertise import WILDCARD_HOSTS, AdvertiseError, resolve_advertise_address
+from common.authz import COORDINATOR, OPERATOR, WORKER, AuthorizationInterceptor, roles
 from common.channels import async_server, listen
 from common.messages import FlushReport, NoticeEvent
 from common.rpc import add_health_and_reflection, maps_errors, set_serving
@@ -30,6 +31,18 @@ from store import RedisStore
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = daemon_pb2.DESCRIPTOR.services_by_name["ContextDaemon"].full_name
+
+# Who may call what (common.authz): the worker hands over tokens and blocks; the coordinator
+# subscribes to notices and asks for flushes; an operator may look and flush too.
+AUTHORIZATION = {
+    SERVICE_NAME: {
+        "CommitTokens": roles(WORKER),
+        "PushBlocks": roles(WORKER),
+        "WatchNotices": roles(COORDINATOR, OPERATOR),
+        "Flush": roles(COORDINATOR, OPERATOR),
+        "Status": roles(COORDINATOR, OPERATOR),
+    }
+}
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
@@ -126,12 +139,12 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     metrics.read_state_from(daemon.state)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
-    server = async_server(MAX_MESSAGE_BYTES)
+    server = async_server(MAX_MESSAGE_BYTES, interceptors=[AuthorizationInterceptor(AUTHORIZATION)])
     health = add_health_and_reflection(server, [SERVICE_NAME])
     daemon_pb2_grpc.add_ContextDaemonServicer_to_server(
         ContextDaemonService(daemon, subscribers, store), server
     )
-    port = listen(server, f"{config.host}:{config.port}")
+    port = listen(server, f"{config.host}:{config.port}", config.transport)
     await server.start()
     runner = loop.create_task(daemon.run(stop))
     await set_serving(health, [SERVICE_NAME], True)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from common.channels import async_channel
+from common.channels import PLAINTEXT, TransportConfig, async_channel
 from common.messages import FlushReport
 from context_daemon.constants import PREEMPT_MARGIN_SECONDS, WORKER_CALL_TIMEOUT_SECONDS
 from protos.convert import flush_report_from_proto
@@ -24,9 +24,9 @@ class WorkerLink:
     ``address``: ``host:port`` or ``unix:/path`` (gRPC's own syntax for a unix socket).
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, transport: TransportConfig = PLAINTEXT) -> None:
         self.address = address
-        self._channel = async_channel(address)
+        self._channel = async_channel(address, transport=transport)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def preempt(self, deadline_unix: float, now_unix: float) -> AsyncIterator[FlushReport]:

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from common.channels import async_channel
+from common.channels import PLAINTEXT, TransportConfig, async_channel
 from common.requests import GenerationRequest, SlaClass, TokenChunk
 from coordinator.constants import (
     ADOPT_PAUSE_WAIT_SECONDS,
@@ -54,7 +54,9 @@ class Adoption:
         store: RequestStore,
         own_address: Callable[[], str],
         max_message_bytes: int,
+        transport: TransportConfig = PLAINTEXT,
     ) -> None:
+        self._transport = transport
         self._records = records
         self._store = store
         self._own_address = own_address
@@ -96,7 +98,9 @@ class Adoption:
     async def proxy(self, record: RouteRecord, from_index: int) -> AsyncIterator[TokenChunk]:
         """The other replica's Attach. Raises ReplicaUnavailable if it does not answer
         before its first message (later, the client's own reconnect covers a failure)."""
-        async with async_channel(record.coordinator_address, self._max_message_bytes) as ch:
+        async with async_channel(
+            record.coordinator_address, self._max_message_bytes, self._transport
+        ) as ch:
             stub = inference_pb2_grpc.InferenceStub(ch)
             call = stub.Attach(
                 inference_pb2.AttachRequest(request_id=record.request_id, from_index=from_index)

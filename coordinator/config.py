@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.authz import AccessConfig
+from common.channels import TransportConfig
 from common.config_source import ConfigSource, unique_name
 from common.messages import POOL_CLOUDS
 from common.tuning_file import load_tuning_file
@@ -27,6 +30,7 @@ from coordinator.constants import (
     DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
     DEFAULT_HTTP_PORT,
     DEFAULT_INTERACTIVE_QUEUE_CAPACITY,
+    DEFAULT_INTERNAL_PORT,
     DEFAULT_LOST_AFTER_SECONDS,
     DEFAULT_MAX_LEASE_TTL_SECONDS,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -180,9 +184,34 @@ class CoordinatorConfig:
     max_message_bytes: int = field(
         default=DEFAULT_MAX_MESSAGE_BYTES, metadata={"help": "largest gRPC message accepted"}
     )
+    transport: TransportConfig = field(
+        default_factory=TransportConfig,
+        metadata={
+            "help": "TLS: the public port and the HTTP front serve it (no client certificate), "
+            "the internal port and every call to workers, daemons and coordinators are mutual"
+        },
+    )
+    internal_port: int = field(
+        default=DEFAULT_INTERNAL_PORT,
+        metadata={
+            "help": "with TLS, the mutual-TLS port for cluster nodes and operators "
+            "(RegisterWorker, coordinator to coordinator); 0 picks a free one"
+        },
+    )
+    api_keys: AccessConfig = field(
+        default_factory=AccessConfig,
+        metadata={"help": "API keys of the public API and their per-key limits"},
+    )
+    allow_no_keys: bool = field(
+        default=False,
+        metadata={
+            "help": "serve without API keys on a non-loopback address (a private network "
+            "that does its own access control)"
+        },
+    )
 
     def __post_init__(self) -> None:
-        for name in ("port", "http_port"):
+        for name in ("port", "http_port", "internal_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} must be in 0..65535, got {getattr(self, name)}")
         for value in (*self.workers, *self.standbys):
@@ -218,6 +247,13 @@ class CoordinatorConfig:
             raise ValueError(f"cloud must be one of {POOL_CLOUDS} or empty, got {self.cloud!r}")
         if not self.coordinator_id:
             raise ValueError("coordinator_id must not be empty")
+        if not self.api_keys.file and not self.allow_no_keys and not is_loopback(self.host):
+            raise ValueError(
+                f"refusing to serve on {self.host} without API keys: give --api-keys-file "
+                "(see `spotinfer keys add`), bind 127.0.0.1, or say --allow-no-keys"
+            )
+        if self.transport.tls and not self.transport.can_serve_tls:
+            raise ValueError("a coordinator with TLS needs --transport-cert-file and key file")
 
     @property
     def model_name(self) -> str:
@@ -225,6 +261,16 @@ class CoordinatorConfig:
         if self.served_model_name:
             return self.served_model_name
         return Path(self.model).name if self.model else "spotinfer"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or name (only this machine can connect)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_address(address: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 # --- ports and messages -----------------------------------------------------------------------
 DEFAULT_GRPC_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
+DEFAULT_INTERNAL_PORT = 50052  # mutual TLS only, when TLS is on
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
 SERVER_STOP_GRACE_SECONDS = 5.0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from common.channels import async_channel
+from common.channels import PLAINTEXT, TransportConfig, async_channel
 from common.messages import FlushReport, NoticeEvent
 from protos.convert import flush_report_from_proto, notice_event_from_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
@@ -38,9 +38,9 @@ class DaemonEndpoint(Protocol):
 class DaemonClient:
     """One channel to one daemon (a DaemonEndpoint). Calls raise grpc.aio.AioRpcError when it does not answer."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, transport: TransportConfig = PLAINTEXT) -> None:
         self.address = address
-        self._channel = async_channel(address)
+        self._channel = async_channel(address, transport=transport)
         self._stub = daemon_pb2_grpc.ContextDaemonStub(self._channel)
 
     async def close(self) -> None:

@@ -103,6 +103,7 @@ class Dispatcher:
         prompt_token_ids: tuple[int, ...],
         sampling: Sampling,
         sla_class: SlaClass,
+        tenant: str = "",
     ) -> Relay:
         """Validates, admits and starts a request; raises InvalidRequest, QueueFull or
         NoWorkerAvailable. A request_id that exists returns that request (no second start)."""
@@ -115,7 +116,11 @@ class Dispatcher:
             check_prompt_tokens(prompt_token_ids, limits)
             check_sampling(sampling, len(prompt_token_ids), limits)
             request = GenerationRequest(
-                request_id or f"req-{uuid.uuid4().hex}", prompt_token_ids, sampling, sla_class
+                request_id or f"req-{uuid.uuid4().hex}",
+                prompt_token_ids,
+                sampling,
+                sla_class,
+                tenant,
             )
             ticket = self._admission.enqueue(request)
         except QueueFull:

@@ -11,20 +11,30 @@ answer with one JSON object. Errors come back in OpenAI's shape, `{"error": {...
 HTTP status our typed errors map to; a full queue is 429 with `Retry-After`.
 Extensions: `sla_class` ("interactive" | "batch") and `request_id` in the body, `top_k`,
 `ignore_eos`, `seed`.
+
+Access: with a keys file every /v1 route needs ``Authorization: Bearer <key>`` (401 with
+code ``invalid_api_key`` otherwise) and a key's rate and concurrency limits answer 429 with
+``Retry-After`` (common.authz). /metrics stays open for the scraper. With TLS configured the
+front serves HTTPS only, rereading renewed certificate files every few seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
 
 from aiohttp import web
 
+from common.api_keys import TENANT_ROLE
+from common.authz import Gatekeeper, roles
+from common.channels import PLAINTEXT, CertificateFiles, TransportConfig, http_ssl_context
 from common.errors import InvalidRequest, ServiceError, is_unexpected
 from common.requests import FinishReason, Sampling, SlaClass, TokenChunk
 from coordinator.constants import (
@@ -53,12 +63,26 @@ def openapi_document() -> bytes:
     return (resources.files("coordinator") / OPENAPI_DOCUMENT).read_bytes()
 
 
+CERTIFICATE_CHECK_SECONDS = 5.0
+_OPEN_PATHS = ("/metrics",)
+_API_ROLES = roles(TENANT_ROLE)  # an admin key holds the tenant role too
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
 class HttpError(Exception):
-    def __init__(self, status: int, kind: str, message: str, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.kind = kind
         self.headers = headers or {}
+        self.code = code
 
 
 def http_error_for(exc: BaseException) -> HttpError:
@@ -67,27 +91,65 @@ def http_error_for(exc: BaseException) -> HttpError:
     if isinstance(exc, HttpError):
         return exc
     if isinstance(exc, ServiceError) and not is_unexpected(exc):
-        return HttpError(exc.http_status, exc.http_type, str(exc), exc.http_headers())
+        return HttpError(
+            exc.http_status, exc.http_type, str(exc), exc.http_headers(), exc.http_code
+        )
     log.exception("unexpected error on the HTTP front", exc_info=exc)
     return HttpError(500, "internal_error", f"{type(exc).__name__}: {exc}")
 
 
 def _error_response(error: HttpError) -> web.Response:
-    body = {"error": {"message": str(error), "type": error.kind, "code": error.status}}
+    code = error.code if error.code is not None else error.status
+    body = {"error": {"message": str(error), "type": error.kind, "code": code}}
     return web.json_response(body, status=error.status, headers=error.headers)
 
 
+_CALLER_KEY = "spotinfer.caller"  # the request's Caller, set by the access middleware
+
+
 class HttpFront:
-    def __init__(self, dispatcher: Dispatcher, metrics: CoordinatorMetrics, model_name: str):
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        metrics: CoordinatorMetrics,
+        model_name: str,
+        gatekeeper: Gatekeeper | None = None,
+        transport: TransportConfig = PLAINTEXT,
+    ):
         self._dispatcher = dispatcher
         self._metrics = metrics
         self._model_name = model_name
+        self._gatekeeper = gatekeeper or Gatekeeper()
+        self._ssl = http_ssl_context(transport)
+        self._certificates = CertificateFiles(transport) if self._ssl is not None else None
+        self._reloader: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._created = int(time.time())
         self._openapi_bytes = openapi_document()
 
+    @web.middleware
+    async def _access(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The API key and its limits around every route but the open ones."""
+        if request.path in _OPEN_PATHS:
+            return await handler(request)
+        try:
+            caller = self._gatekeeper.caller(roles(), request.headers.get("Authorization", ""))
+            self._gatekeeper.check(caller, _API_ROLES, request.path)
+            with self._gatekeeper.admitted(caller):
+                request[_CALLER_KEY] = caller
+                return await handler(request)
+        except ServiceError as exc:
+            return _error_response(http_error_for(exc))
+
+    async def _reload_certificates(self) -> None:
+        assert self._ssl is not None and self._certificates is not None
+        while True:
+            await asyncio.sleep(CERTIFICATE_CHECK_SECONDS)
+            if self._certificates.reload_into(self._ssl):
+                log.info("the HTTP front serves the renewed certificate")
+
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._access])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
@@ -101,13 +163,19 @@ class HttpFront:
         # leaves the queue too (see Relay.follow).
         self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=self._ssl)
         await site.start()
+        if self._ssl is not None:
+            self._reloader = asyncio.get_running_loop().create_task(self._reload_certificates())
         server = site._server  # aiohttp exposes the bound socket only here
         sockets = getattr(server, "sockets", None) or []
         return int(sockets[0].getsockname()[1]) if sockets else port
 
     async def stop(self) -> None:
+        if self._reloader is not None:
+            self._reloader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reloader
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -140,7 +208,7 @@ class HttpFront:
         try:
             body = await _json_body(request)
             await self._dispatcher.tokenizer.ready()
-            relay = self._start(body, chat)
+            relay = self._start(body, chat, request[_CALLER_KEY].tenant)
             stream = bool(body.get("stream", False))
         except Exception as exc:
             return _error_response(http_error_for(exc))
@@ -158,7 +226,7 @@ class HttpFront:
             return _error_response(http_error_for(exc))
         return web.json_response(reply.whole())
 
-    def _start(self, body: dict[str, Any], chat: bool) -> Any:
+    def _start(self, body: dict[str, Any], chat: bool, tenant: str) -> Any:
         model = body.get("model")
         if model not in (None, "", self._model_name):
             raise HttpError(
@@ -196,6 +264,7 @@ class HttpFront:
                 ignore_eos=bool(body.get("ignore_eos", False)),
             ),
             _SLA_BY_NAME[sla_name],
+            tenant,
         )
 
     async def _stream(

@@ -18,6 +18,17 @@ from typing import Any
 import grpc
 
 from common.advertise import resolve_advertise_address
+from common.authz import (
+    ADMIN_ROLE,
+    COORDINATOR,
+    OPERATOR,
+    TENANT_ROLE,
+    WORKER,
+    AuthorizationInterceptor,
+    Gatekeeper,
+    current_caller,
+    roles,
+)
 from common.channels import async_server, listen
 from common.errors import InvalidRequest
 from common.requests import SlaClass
@@ -32,6 +43,7 @@ from coordinator.constants import (
     RECORD_FLUSH_INTERVAL_SECONDS,
     SERVER_STOP_GRACE_SECONDS,
 )
+from coordinator.daemon_client import DaemonClient
 from coordinator.dispatcher import Dispatcher
 from coordinator.errors import WorkerUnreachable
 from coordinator.failover import FailoverPolicy
@@ -71,6 +83,22 @@ INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_
 CONTROL_SERVICE = control_pb2.DESCRIPTOR.services_by_name["Control"].full_name
 SERVICE_NAMES = (INFERENCE_SERVICE, CONTROL_SERVICE)
 
+# Who may call what (common.authz). Users hold tenant or admin keys; another coordinator
+# attaches to the requests it adopts with its node certificate; only a worker or an operator
+# certificate registers a worker (an address that will receive users' prompts).
+_USERS = roles(TENANT_ROLE, ADMIN_ROLE, COORDINATOR)
+_ADMINS = roles(ADMIN_ROLE, OPERATOR)
+AUTHORIZATION = {
+    INFERENCE_SERVICE: {"Generate": _USERS, "Attach": _USERS, "Cancel": _USERS},
+    CONTROL_SERVICE: {
+        "ListWorkers": _ADMINS,
+        "ClusterStatus": _ADMINS,
+        "Drain": _ADMINS,
+        "InjectNotice": _ADMINS,
+        "RegisterWorker": roles(WORKER, OPERATOR),
+    },
+}
+
 _ROLE_TO_PROTO = {
     WorkerRole.ACTIVE: control_pb2.WORKER_ROLE_ACTIVE,
     WorkerRole.STANDBY: control_pb2.WORKER_ROLE_STANDBY,
@@ -104,6 +132,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 prompt_ids,
                 sampling_from_proto(request.sampling),
                 sla_from_proto(request.sla_class),
+                current_caller().tenant,
             )
         async for chunk in relay.follow(0):
             yield chunk_to_proto(chunk)
@@ -279,7 +308,7 @@ class Coordinator:
         self.metrics = CoordinatorMetrics()
         self.registry = Registry(
             config.lost_after_seconds,
-            lambda address: WorkerClient(address, config.max_message_bytes),
+            lambda address: WorkerClient(address, config.max_message_bytes, config.transport),
             fleet_model=FleetModel(config.model_fingerprint, config.model),
             max_lease_ttl_seconds=config.max_lease_ttl_seconds,
         )
@@ -308,11 +337,14 @@ class Coordinator:
                 RedisStore.from_config(config.store),
                 lambda: self.dispatcher.address,
                 config.max_message_bytes,
+                config.transport,
             )
             if self.records is not None
             else None
         )
-        self.migrations = Migrations(self.registry)
+        self.migrations = Migrations(
+            self.registry, lambda address: DaemonClient(address, config.transport)
+        )
         self.failover = FailoverPolicy.create(
             config.failover_policy,
             self.admission,
@@ -336,13 +368,23 @@ class Coordinator:
         self.heartbeat = Heartbeat(
             self.registry, config.heartbeat_interval_seconds, after_beat=self._after_beat
         )
-        self.http = HttpFront(self.dispatcher, self.metrics, config.model_name)
-        for value in config.workers:
-            self.registry.add(*_worker_and_daemon(value, WorkerRole.ACTIVE))
-        for value in config.standbys:
-            self.registry.add(*_worker_and_daemon(value, WorkerRole.STANDBY))
+        self.gatekeeper = Gatekeeper.from_config(config.api_keys)
+        self.http = self._http_front()
+        self._add_flag_workers()
         for sla in SlaClass:
             self.metrics.queue_capacity.labels(sla.name).set(self.admission.capacity(sla))
+
+    def _http_front(self) -> HttpFront:
+        config = self.config
+        return HttpFront(
+            self.dispatcher, self.metrics, config.model_name, self.gatekeeper, config.transport
+        )
+
+    def _add_flag_workers(self) -> None:
+        for value in self.config.workers:
+            self.registry.add(*_worker_and_daemon(value, WorkerRole.ACTIVE))
+        for value in self.config.standbys:
+            self.registry.add(*_worker_and_daemon(value, WorkerRole.STANDBY))
 
     def _update_queue_metrics(self) -> None:
         for sla in SlaClass:
@@ -387,6 +429,17 @@ def _worker_and_daemon(value: str, role: WorkerRole) -> tuple[str, WorkerRole, s
     return address, role, "", daemon_address
 
 
+def _bind(server: grpc.aio.Server, config: CoordinatorConfig) -> tuple[int, int]:
+    """The public port and, with TLS, the mutual-TLS internal port (0 without TLS)."""
+    port = listen(server, f"{config.host}:{config.port}", config.transport, client_auth=False)
+    if not config.transport.tls:
+        return port, 0
+    internal = listen(
+        server, f"{config.host}:{config.internal_port}", config.transport, client_auth=True
+    )
+    return port, internal
+
+
 async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) -> int:
     """Runs the coordinator until SIGTERM/SIGINT (or `stop`). Returns an exit code."""
     stop = stop or asyncio.Event()
@@ -396,7 +449,10 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
 
     coordinator = Coordinator(config)
     await asyncio.to_thread(coordinator.dispatcher.tokenizer.load)
-    server = async_server(config.max_message_bytes)
+    server = async_server(
+        config.max_message_bytes,
+        interceptors=[AuthorizationInterceptor(AUTHORIZATION, coordinator.gatekeeper)],
+    )
     health = add_health_and_reflection(server, SERVICE_NAMES)
     serving_now: list[bool] = []
 
@@ -430,9 +486,10 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
         server,
     )
     await set_serving(health, SERVICE_NAMES, False)
-    port = listen(server, f"{config.host}:{config.port}")
+    port, internal_port = _bind(server, config)
     advertised = config.advertise_address or resolve_advertise_address(config.host, config.cloud)
-    coordinator.dispatcher.address = f"{advertised}:{port}"
+    # Other coordinators attach to this one's requests where nodes are let in.
+    coordinator.dispatcher.address = f"{advertised}:{internal_port or port}"
     await server.start()
     http_port = (
         await coordinator.http.start(config.host, config.http_port) if config.serve_http else 0
@@ -441,7 +498,8 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
     # One line a launcher can wait for, also when the ports were picked by the OS.
     print(
         f"spotinfer coordinator {config.coordinator_id} listening on {config.host}:{port}"
-        + (f" (http {config.host}:{http_port})" if config.serve_http else ""),
+        + (f" (http {config.host}:{http_port})" if config.serve_http else "")
+        + (f" (internal {config.host}:{internal_port})" if internal_port else ""),
         flush=True,
     )
     await stop.wait()

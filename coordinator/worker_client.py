@@ -13,7 +13,7 @@ from typing import Protocol
 
 import grpc
 
-from common.channels import async_channel
+from common.channels import PLAINTEXT, TransportConfig, async_channel
 from common.errors import InvalidRequest
 from common.messages import PrefetchResult, WorkerCapacity
 from common.requests import GenerationRequest, TokenChunk
@@ -73,9 +73,11 @@ class WorkerEndpoint(Protocol):
 class WorkerClient:
     """One channel to one worker (a WorkerEndpoint). Not thread-safe: use from the coordinator's event loop."""
 
-    def __init__(self, address: str, max_message_bytes: int) -> None:
+    def __init__(
+        self, address: str, max_message_bytes: int, transport: TransportConfig = PLAINTEXT
+    ) -> None:
         self.address = address
-        self._channel = async_channel(address, max_message_bytes)
+        self._channel = async_channel(address, max_message_bytes, transport)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def close(self) -> None:

@@ -21,6 +21,8 @@ COMMAND_MODULES = (
     "spotinfer.commands.coordinator",
     "spotinfer.commands.daemon",
     "spotinfer.commands.drill",
+    "spotinfer.commands.certs",
+    "spotinfer.commands.keys",
     "spotinfer.commands.simulate",
 )
 # What the `tools` extra installs; a node installed without it still runs its processes.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from common.channels import sync_channel
+from common.channels import PLAINTEXT, TransportConfig, sync_channel
 from common.requests import RequestOutput, Sampling, SlaClass, TokenChunk
 from protos.convert import chunk_from_proto, sampling_to_proto, sla_to_proto
 from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc
@@ -40,6 +40,12 @@ class ClientConfig:
     targets: tuple[str, ...]  # coordinator replicas; a reconnect tries the next one
     timeout_seconds: float = 600.0
     reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS
+    ca_file: str = ""  # the cluster CA (TLS); empty: plaintext
+    api_key: str = ""  # sent as authorization: Bearer <key>
+
+    @property
+    def transport(self) -> TransportConfig:
+        return TransportConfig(ca_file=self.ca_file) if self.ca_file else PLAINTEXT
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -52,7 +58,11 @@ class Client:
     def __init__(self, config: ClientConfig) -> None:
         self._config = config
         self._target_index = 0
-        self._channel = sync_channel(config.targets[0])
+        self._channel = self._open(config.targets[0])
+
+    def _open(self, target: str) -> grpc.Channel:
+        config = self._config
+        return sync_channel(target, transport=config.transport, api_key=config.api_key)
 
     @classmethod
     def connect(cls, *targets: str) -> Client:
@@ -74,7 +84,7 @@ class Client:
     def _next_target(self) -> None:
         self._channel.close()
         self._target_index = (self._target_index + 1) % len(self._config.targets)
-        self._channel = sync_channel(self._config.targets[self._target_index])
+        self._channel = self._open(self._config.targets[self._target_index])
 
     def stream(
         self,

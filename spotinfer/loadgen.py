@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from common.channels import async_channel
+from common.channels import PLAINTEXT, TransportConfig, async_channel
 from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc, worker_pb2_grpc
 
 REATTACH_ATTEMPTS = 40  # broken streams picked up again, per request
@@ -200,9 +200,12 @@ async def run_load(
     ignore_eos: bool = True,
     on_done: Callable[[RequestTrace], None] | None = None,
     on_start: Callable[[RequestTrace], None] | None = None,
+    transport: TransportConfig = PLAINTEXT,
+    api_key: str = "",
 ) -> list[RequestTrace]:
-    """Sends every planned request at its offset, streams it, and keeps per-token times."""
-    async with async_channel(target) as channel:
+    """Sends every planned request at its offset, streams it, and keeps per-token times.
+    ``transport`` and ``api_key``: what the target asks of a client (TLS, a key)."""
+    async with async_channel(target, transport=transport, api_key=api_key) as channel:
         stub = stub_for(service)(channel)
         start = time.perf_counter()
 

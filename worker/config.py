@@ -12,6 +12,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 
+from common.channels import TransportConfig
 from common.config_source import ConfigSource, unique_name
 from common.messages import PoolLabels
 from common.validation import check_host_port
@@ -155,6 +156,10 @@ class WorkerConfig:
     store: StoreConfig = field(
         default_factory=StoreConfig,
         metadata={"help": "Redis for token commits and KV blocks; no URL: no persistence"},
+    )
+    transport: TransportConfig = field(
+        default_factory=TransportConfig,
+        metadata={"help": "TLS of the worker's server: mutual, clients need a cluster certificate"},
     )
     staging_mib: int = field(
         default=DEFAULT_STAGING_MIB,

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 
 from common.advertise import AdvertiseError, resolve_advertise_address
+from common.authz import COORDINATOR, DAEMON, OPERATOR, AuthorizationInterceptor, roles
 from common.channels import async_server, listen
 from common.messages import Registration, WorkerCapacity
 from common.requests import GenerationRequest
@@ -42,6 +43,21 @@ from worker.registration import Registrar
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+# Who may call what (common.authz): the coordinator routes, an operator inspects and drains;
+# pausing, resuming and prefetching KV only the coordinator or the machine's daemon.
+AUTHORIZATION = {
+    SERVICE_NAME: {
+        "Generate": roles(COORDINATOR, OPERATOR),
+        "Abort": roles(COORDINATOR, OPERATOR),
+        "Drain": roles(COORDINATOR, OPERATOR),
+        "Stats": roles(COORDINATOR, DAEMON, OPERATOR),
+        "DropPrefetch": roles(COORDINATOR),
+        "Preempt": roles(COORDINATOR, DAEMON),
+        "Resume": roles(COORDINATOR, DAEMON),
+        "Prefetch": roles(COORDINATOR, DAEMON),
+    }
+}
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -190,7 +206,9 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
     metrics.read_live_from(lambda: live_numbers(engine))
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
-    server = async_server(config.max_message_bytes)
+    server = async_server(
+        config.max_message_bytes, interceptors=[AuthorizationInterceptor(AUTHORIZATION)]
+    )
     health = add_health_and_reflection(server, [SERVICE_NAME])
 
     async def set_health(serving: bool) -> None:
@@ -198,9 +216,9 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
 
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(engine, set_health, metrics), server)
     await set_serving(health, [SERVICE_NAME], False)
-    port = listen(server, f"{config.host}:{config.port}")
+    port = listen(server, f"{config.host}:{config.port}", config.transport)
     if config.unix_socket:
-        listen(server, f"unix:{config.unix_socket}")
+        listen(server, f"unix:{config.unix_socket}", config.transport)
     await server.start()
     # One line a launcher can wait for, also when the port was picked by the OS.
     print(f"spotinfer worker {config.worker_id} listening on {config.host}:{port}", flush=True)

@@ -130,10 +130,13 @@ def run_up(args: argparse.Namespace) -> int:
     with console.status("starting the cluster ..."):
         cluster = LocalCluster(config, console.print).start()
     try:
+        access = ""
+        if cluster.client_transport.tls:
+            access = f" --ca-file {cluster.client_transport.ca_file} --api-key {cluster.api_key}"
         console.print(
             f"[bold]ready[/]: gRPC {cluster.coordinator.address}, HTTP {cluster.coordinator.http_url}"
-            f' — try `spotinfer generate --target {cluster.coordinator.address} "Hello"`;'
-            " Ctrl-C stops everything"
+            f" — try `spotinfer generate --target {cluster.coordinator.address}{access}"
+            ' "Hello"`; Ctrl-C stops everything'
         )
         with Live(_status_table(cluster), console=console, refresh_per_second=1) as live:
             while not stopping["now"]:

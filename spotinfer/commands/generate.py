@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -28,13 +29,28 @@ def register(subparsers: Any) -> None:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--sla", choices=("interactive", "batch"), default="interactive")
     generate.add_argument("--request-id", default=None)
+    _access_arguments(generate)
     generate.set_defaults(func=run_generate)
 
     status: argparse.ArgumentParser = subparsers.add_parser(
         "status", help="workers, queues and in-flight requests of a cluster"
     )
     status.add_argument("--target", default=DEFAULT_TARGET, help="coordinator HOST:PORT")
+    _access_arguments(status)
     status.set_defaults(func=run_status)
+
+
+def _access_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ca-file",
+        default=os.environ.get("SPOTINFER_CA_FILE", ""),
+        help="the cluster CA, to reach a coordinator over TLS (env SPOTINFER_CA_FILE)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("SPOTINFER_API_KEY", ""),
+        help="API key (env SPOTINFER_API_KEY; status needs an admin key)",
+    )
 
 
 def _unreachable(target: str, exc: Any) -> UserError:
@@ -55,7 +71,11 @@ def run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     sla = SlaClass.BATCH if args.sla == "batch" else SlaClass.INTERACTIVE
-    client = Client(ClientConfig(targets=targets, reconnect_attempts=3))
+    client = Client(
+        ClientConfig(
+            targets=targets, reconnect_attempts=3, ca_file=args.ca_file, api_key=args.api_key
+        )
+    )
     try:
         for chunk in client.stream(args.prompt, sampling, sla, args.request_id):
             if chunk.event is not None:
@@ -77,10 +97,11 @@ def run_status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from common.channels import sync_channel
+    from common.channels import PLAINTEXT, TransportConfig, sync_channel
     from protos.spotinfer.v1 import common_pb2, control_pb2, control_pb2_grpc
 
-    with sync_channel(args.target) as channel:
+    transport = TransportConfig(ca_file=args.ca_file) if args.ca_file else PLAINTEXT
+    with sync_channel(args.target, transport=transport, api_key=args.api_key) as channel:
         try:
             status = control_pb2_grpc.ControlStub(channel).ClusterStatus(
                 control_pb2.ClusterStatusRequest(), timeout=5

@@ -103,6 +103,8 @@ def run_drill(
                         ignore_eos=options.ignore_eos,
                         on_start=ctx.live.append,
                         on_done=on_done,
+                        transport=cluster.client_transport,
+                        api_key=cluster.api_key,
                     )
                 )
             )
@@ -177,7 +179,13 @@ def reference_outputs(
         for p in planned
     ]
     traces = asyncio.run(
-        run_load(serving[0].worker.address, reference_plan, service="worker", ignore_eos=ignore_eos)
+        run_load(
+            serving[0].worker.address,
+            reference_plan,
+            service="worker",
+            ignore_eos=ignore_eos,
+            transport=cluster.operator_transport,
+        )
     )
     return {p.request_id: t.token_ids for p, t in zip(planned, traces, strict=True) if t.ok}
 

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.channels import TransportConfig
 from spotinfer.drills.report import ClusterEvent
+from spotinfer.local.cluster_secrets import ClusterSecrets
 from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.metadata_servers import MetadataServer, metadata_server_for
@@ -60,6 +62,9 @@ class ClusterConfig:
     persist_policy: str = "eager"
     policy: str = "spotinfer"  # spotinfer | reroute (restart preempted requests from scratch)
     coordinator_flags: tuple[str, ...] = ()
+    # TLS on the public fronts, mutual TLS between the processes, and API keys (made in
+    # log_dir/tls when the cluster starts); False: plaintext and no keys, as in the tests.
+    secure: bool = True
     log_dir: Path = field(default_factory=lambda: Path("/tmp/spotinfer-cluster"))
 
     def __post_init__(self) -> None:
@@ -105,11 +110,28 @@ class LocalCluster:
         self._coordinator_starts = 0
         self._loading: list[Node] = []  # nodes whose worker is still loading
         self._stopped = False
+        self.secrets = ClusterSecrets()
+
+    @property
+    def client_transport(self) -> TransportConfig:
+        """What a client of this cluster's coordinator needs (the CA; plaintext: nothing)."""
+        return self.secrets.client_transport
+
+    @property
+    def operator_transport(self) -> TransportConfig:
+        return self.secrets.operator_transport
+
+    @property
+    def api_key(self) -> str:
+        """A tenant key of this cluster ("" without keys)."""
+        return self.secrets.api_key
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> LocalCluster:
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.secure:
+            self.secrets = ClusterSecrets.make(self.config.log_dir)
         try:
             if not self.redis_url:
                 self.redis = RedisProcess(secure=self.config.secure_redis).start()
@@ -123,11 +145,17 @@ class LocalCluster:
             raise
         return self
 
-    def _start_coordinator(self, port: int | None = None, http_port: int | None = None) -> None:
+    def _start_coordinator(
+        self,
+        port: int | None = None,
+        http_port: int | None = None,
+        internal_port: int | None = None,
+    ) -> None:
         flags = (
             *("--model", self.config.model),
             *self._store_flags(Role.COORDINATOR),
             *("--failover-policy", FAILOVER_BY_POLICY[self.config.policy]),
+            *self.secrets.flags("coordinator"),
             *self.config.coordinator_flags,
         )
         # A restarted coordinator keeps its port, so its log (named by port) would overwrite
@@ -142,6 +170,8 @@ class LocalCluster:
             log_dir=log_dir,
             port=port or self.config.port or None,
             http_port=http_port or self.config.http_port or None,
+            internal_port=internal_port,
+            transport=self.secrets.operator_transport,
         ).start()
         self._say(f"coordinator at {self.coordinator.address} (HTTP {self.coordinator.http_url})")
 
@@ -228,8 +258,10 @@ class LocalCluster:
             *("--memory-gib", str(self.config.memory_gib)),
             *self._store_flags(Role.WORKER),
             *("--kv-persist-policy", self.config.persist_policy),
+            *self.secrets.flags("worker"),
             log_dir=self.config.log_dir,
             metrics=True,
+            transport=self.secrets.operator_transport,
         )
         return Node(name=name, role=role, metadata=metadata, worker=worker)
 
@@ -241,7 +273,9 @@ class LocalCluster:
             *self._store_flags(Role.DAEMON),
             *("--azure-vm-name", node.name),
             *("--poll-interval-seconds", "0.5"),
+            *self.secrets.flags("daemon"),
             log_dir=self.config.log_dir,
+            transport=self.secrets.operator_transport,
         )
 
     def _register(self, node: Node) -> None:
@@ -380,9 +414,10 @@ class LocalCluster:
     def restart_coordinator(self, down_seconds: float = 1.0) -> None:
         self._record("coordinator-restart")
         port, http_port = self.coordinator.port, self.coordinator.http_port
+        internal_port = self.coordinator.internal_port
         self.coordinator.kill()
         time.sleep(down_seconds)
-        self._start_coordinator(port, http_port)
+        self._start_coordinator(port, http_port, internal_port)
         for node in list(self.nodes.values()):
             if node.alive:
                 self._register(node)

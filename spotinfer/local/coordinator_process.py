@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.channels import PLAINTEXT, TransportConfig
 from protos.spotinfer.v1 import control_pb2_grpc, inference_pb2_grpc
 from spotinfer.local.managed_process import ServiceProcess, free_port
 
@@ -29,14 +30,27 @@ class CoordinatorProcess(ServiceProcess):
         log_dir: Path | None = None,
         port: int | None = None,
         http_port: int | None = None,
+        transport: TransportConfig = PLAINTEXT,
+        api_key: str = "",
+        internal_port: int | None = None,
     ) -> None:
-        super().__init__("coordinator", log_dir, port=port or 0)
+        """With a TLS ``transport`` (the launcher's own certificate, which the coordinator's
+        flags must also configure) `channel` goes to the mutual-TLS internal port."""
+        super().__init__(
+            "coordinator", log_dir, port=port or 0, transport=transport, api_key=api_key
+        )
         self.http_port = http_port or free_port()
-        self.http_url = f"http://127.0.0.1:{self.http_port}"
+        scheme = "https" if transport.tls else "http"
+        self.http_url = f"{scheme}://127.0.0.1:{self.http_port}"
+        self.internal_port = internal_port or free_port()
+        self.internal_address = f"127.0.0.1:{self.internal_port}"
+        if transport.tls:
+            self.channel_address = self.internal_address
         self._cmd = [
             *(sys.executable, "-m", "coordinator"),
             *("--port", str(self.port)),
             *("--http-port", str(self.http_port)),
+            *("--internal-port", str(self.internal_port)),
             *flags,
         ]
         self._listening = threading.Event()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.channels import PLAINTEXT, TransportConfig
 from protos.spotinfer.v1 import daemon_pb2_grpc
 from spotinfer.local.managed_process import ServiceProcess
 
@@ -21,8 +22,14 @@ STOP_TIMEOUT_SECONDS = 30.0
 class DaemonProcess(ServiceProcess):
     """`with DaemonProcess("--notice-source", "aws", "--metadata-url", url, ...) as daemon:`."""
 
-    def __init__(self, *flags: str, log_dir: Path | None = None, metrics: bool = False) -> None:
-        super().__init__("daemon", log_dir, metrics)
+    def __init__(
+        self,
+        *flags: str,
+        log_dir: Path | None = None,
+        metrics: bool = False,
+        transport: TransportConfig = PLAINTEXT,
+    ) -> None:
+        super().__init__("daemon", log_dir, metrics, transport=transport)
         self._cmd = [
             *(sys.executable, "-m", "context_daemon"),
             *("--host", "127.0.0.1"),

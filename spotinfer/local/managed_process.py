@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.channels import sync_channel
+from common.channels import PLAINTEXT, TransportConfig, sync_channel
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -215,13 +215,24 @@ class ServiceProcess(ManagedProcess):
     """A spotinfer gRPC process on a loopback port: its channel, and a health wait.
 
     With ``metrics``, it also serves /metrics on a free port of its own (see `metrics_url`).
+    ``transport`` (the launcher's certificate, e.g. an operator's) and ``api_key`` are what
+    `channel` shows the process; ``channel_address`` is where it connects (default: ``address``).
     """
 
     def __init__(
-        self, name: str, log_dir: Path | None, metrics: bool = False, port: int = 0
+        self,
+        name: str,
+        log_dir: Path | None,
+        metrics: bool = False,
+        port: int = 0,
+        transport: TransportConfig = PLAINTEXT,
+        api_key: str = "",
     ) -> None:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.channel_address = self.address
+        self.transport = transport
+        self.api_key = api_key
         self.metrics_port = free_port() if metrics else 0
         super().__init__(
             name, (log_dir or Path("/tmp")) / f"{name}-{self.port}.log", env=process_environment()
@@ -230,7 +241,9 @@ class ServiceProcess(ManagedProcess):
 
     def spawn(self, command: Sequence[str]) -> subprocess.Popen[str]:
         process = super().spawn(command)
-        self.channel = sync_channel(self.address)
+        self.channel = sync_channel(
+            self.channel_address, transport=self.transport, api_key=self.api_key
+        )
         return process
 
     @property

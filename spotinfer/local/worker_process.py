@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.channels import PLAINTEXT, TransportConfig
 from protos.spotinfer.v1 import worker_pb2_grpc
 from spotinfer.local.managed_process import (
     REPO_ROOT,
@@ -33,9 +34,14 @@ class WorkerProcess(ServiceProcess):
     """`with WorkerProcess(model, "--dtype", "float32") as worker: worker.stub.Generate(...)`."""
 
     def __init__(
-        self, model: Path | str, *flags: str, log_dir: Path | None = None, metrics: bool = False
+        self,
+        model: Path | str,
+        *flags: str,
+        log_dir: Path | None = None,
+        metrics: bool = False,
+        transport: TransportConfig = PLAINTEXT,
     ) -> None:
-        super().__init__("worker", log_dir, metrics)
+        super().__init__("worker", log_dir, metrics, transport=transport)
         self._cmd = [
             *(sys.executable, "-m", "worker"),
             *("--model", str(model)),

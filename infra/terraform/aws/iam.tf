@@ -37,6 +37,13 @@ data "aws_iam_policy_document" "node" {
     resources = [aws_secretsmanager_secret.redis_auth.arn]
   }
 
+  # The nodes' TLS bundles (tls.tf), fetched at boot and hourly by the boot script.
+  statement {
+    sid       = "ReadTlsBundles"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [for secret in aws_secretsmanager_secret.tls : secret.arn]
+  }
+
   # A worker being drained by the termination lifecycle hook ends the wait itself once its
   # requests have moved; only this fleet's worker group (by its name prefix) can be touched.
   statement {

@@ -18,6 +18,11 @@ output "redis_endpoint" {
   value       = "${aws_elasticache_replication_group.kv.primary_endpoint_address}:${aws_elasticache_replication_group.kv.port}"
 }
 
+output "tls_secret_arns" {
+  description = "Secrets Manager secrets to put each role's TLS bundle into (docs/security.md)."
+  value       = { for role, secret in aws_secretsmanager_secret.tls : role => secret.arn }
+}
+
 output "redis_auth_secret_arn" {
   description = "Secrets Manager secret holding the Redis AUTH token."
   value       = aws_secretsmanager_secret.redis_auth.arn

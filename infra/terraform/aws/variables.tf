@@ -267,6 +267,12 @@ variable "certificate_arn" {
   default     = null
 }
 
+variable "tls_secret_names" {
+  description = "Secrets Manager secret names of the TLS bundles by role (coordinator, worker); a role not named gets <name>-tls-<role>."
+  type        = map(string)
+  default     = {}
+}
+
 variable "deletion_protection" {
   description = "Protect the load balancers from deletion. Turn on for production."
   type        = bool

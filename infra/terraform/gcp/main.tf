@@ -31,24 +31,26 @@ locals {
   boot_dir = "${path.module}/../../boot"
 
   boot_settings = {
-    project             = var.project
-    package             = var.spotinfer_package
-    pip_args            = var.pip_args
-    model               = var.model
-    worker_port         = var.worker_port
-    daemon_peer_port    = var.daemon_peer_port
-    coordinator_address = "${google_compute_address.coordinator_internal.address}:${var.coordinator_grpc_port}"
-    coordinator_port    = var.coordinator_grpc_port
-    coordinator_http    = var.coordinator_http_port
-    worker_metrics      = var.worker_metrics_port
-    daemon_metrics      = var.daemon_metrics_port
-    lease_interval      = var.lease_interval_seconds
-    lease_ttl           = var.lease_ttl_seconds
-    redis_host          = google_redis_instance.kv.host
-    redis_port          = google_redis_instance.kv.port
-    redis_ca_pem        = google_redis_instance.kv.server_ca_certs[0].cert
-    redis_secret_id     = google_secret_manager_secret.redis_auth.secret_id
-    install_script      = file("${local.boot_dir}/install-spotinfer.sh")
+    project                   = var.project
+    package                   = var.spotinfer_package
+    pip_args                  = var.pip_args
+    model                     = var.model
+    worker_port               = var.worker_port
+    daemon_peer_port          = var.daemon_peer_port
+    coordinator_address       = "${google_compute_address.coordinator_internal.address}:${var.coordinator_grpc_port}"
+    coordinator_port          = var.coordinator_grpc_port
+    coordinator_http          = var.coordinator_http_port
+    worker_metrics            = var.worker_metrics_port
+    daemon_metrics            = var.daemon_metrics_port
+    lease_interval            = var.lease_interval_seconds
+    lease_ttl                 = var.lease_ttl_seconds
+    redis_host                = google_redis_instance.kv.host
+    redis_port                = google_redis_instance.kv.port
+    redis_ca_pem              = google_redis_instance.kv.server_ca_certs[0].cert
+    redis_secret_id           = google_secret_manager_secret.redis_auth.secret_id
+    tls_secret_id_coordinator = google_secret_manager_secret.tls["coordinator"].secret_id
+    tls_secret_id_worker      = google_secret_manager_secret.tls["worker"].secret_id
+    install_script            = file("${local.boot_dir}/install-spotinfer.sh")
   }
 }
 

@@ -27,3 +27,8 @@ output "service_account_email" {
   description = "Service account the VMs run as."
   value       = google_service_account.node.email
 }
+
+output "tls_secret_ids" {
+  description = "Secret Manager secrets to add each role's TLS bundle to (docs/security.md)."
+  value       = { for role, secret in google_secret_manager_secret.tls : role => secret.secret_id }
+}

@@ -248,3 +248,9 @@ variable "redis_version" {
   type        = string
   default     = "REDIS_7_2"
 }
+
+variable "tls_secret_names" {
+  description = "Secret Manager secret ids of the TLS bundles by role (coordinator, worker); a role not named gets <name>-tls-<role>."
+  type        = map(string)
+  default     = {}
+}

@@ -1,0 +1,25 @@
+# TLS bundles of the nodes: one Secrets Manager secret per role, read by the boot script
+# (infra/boot/aws-boot.sh.tftpl) into /etc/spotinfer/tls/ with mode 0600, never carried in
+# user data. Terraform makes the empty secrets only: the PEMs are put by the operator
+# (docs/security.md) so no private key ever sits in Terraform state.
+#
+#   secret value (JSON): {"ca": "<PEM>", "cert": "<PEM>", "key": "<PEM>",
+#                         "api_keys": "<keys file, coordinator only>"}
+
+locals {
+  tls_roles = toset(["coordinator", "worker"])
+  tls_secret_names = {
+    for role in local.tls_roles : role => lookup(var.tls_secret_names, role, "${var.name}-tls-${role}")
+  }
+}
+
+resource "aws_secretsmanager_secret" "tls" {
+  for_each                = local.tls_roles
+  name                    = local.tls_secret_names[each.key]
+  description             = "TLS bundle (CA, certificate, key) of the spotinfer ${var.name} ${each.key} nodes"
+  kms_key_id              = aws_kms_key.fleet.arn
+  recovery_window_in_days = 7
+  tags                    = local.tags
+
+  #checkov:skip=CKV2_AWS_57:certificates are renewed by putting a new secret version (spotinfer certs or the operator's PKI); the boot script's hourly fetch picks it up
+}

@@ -1,0 +1,33 @@
+# TLS bundles of the nodes: one Secret Manager secret per role, read by the startup script
+# (infra/boot/gcp-boot.sh.tftpl) into /etc/spotinfer/tls/ with mode 0600, never carried in
+# instance metadata. Terraform makes the empty secrets only: the operator adds the versions
+# (docs/security.md) so no private key ever sits in Terraform state.
+#
+#   secret value (JSON): {"ca": "<PEM>", "cert": "<PEM>", "key": "<PEM>",
+#                         "api_keys": "<keys file, coordinator only>"}
+
+locals {
+  tls_roles = toset(["coordinator", "worker"])
+  tls_secret_ids = {
+    for role in local.tls_roles : role => lookup(var.tls_secret_names, role, "${var.name}-tls-${role}")
+  }
+}
+
+resource "google_secret_manager_secret" "tls" {
+  for_each  = local.tls_roles
+  project   = var.project
+  secret_id = local.tls_secret_ids[each.key]
+  labels    = local.labels
+
+  replication {
+    auto {}
+  }
+}
+
+resource "google_secret_manager_secret_iam_member" "node_reads_tls" {
+  for_each  = local.tls_roles
+  project   = var.project
+  secret_id = google_secret_manager_secret.tls[each.key].secret_id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.node.email}"
+}
