@@ -9,6 +9,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import signal
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar, cast
 
@@ -144,3 +145,13 @@ async def set_serving(health: HealthServicer, service_names: Iterable[str], serv
     status = SERVING if serving else NOT_SERVING
     for name in ["", *service_names]:
         await health.set(name, status)
+
+
+def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
+    """The event a server's `serve` waits on: ``stop`` (a new one if None), set by SIGTERM or
+    SIGINT from now on. Call it inside the running loop."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

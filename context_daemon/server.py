@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import AsyncIterator
 
 import grpc
@@ -18,7 +17,7 @@ from common.advertise import WILDCARD_HOSTS, AdvertiseError, resolve_advertise_a
 from common.authz import COORDINATOR, OPERATOR, WORKER, AuthorizationInterceptor, roles
 from common.channels import async_server, listen
 from common.messages import FlushReport, NoticeEvent
-from common.rpc import add_health_and_reflection, maps_errors, set_serving
+from common.rpc import add_health_and_reflection, maps_errors, set_serving, stop_on_signals
 from context_daemon.config import DaemonConfig
 from context_daemon.constants import DAEMON_STOP_GRACE_SECONDS
 from context_daemon.daemon import ContextDaemon, Hooks, Subscribers
@@ -123,10 +122,8 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
 
 async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     """Runs the daemon until SIGTERM/SIGINT (or ``stop``). Returns an exit code."""
-    stop = stop or asyncio.Event()
+    stop = stop_on_signals(stop)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     store = RedisStore.from_config(config.store) if config.store.url else None
     subscribers = Subscribers()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import signal
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -32,7 +31,7 @@ from common.authz import (
 from common.channels import async_server, listen
 from common.errors import InvalidRequest
 from common.requests import SlaClass
-from common.rpc import add_health_and_reflection, maps_errors, set_serving
+from common.rpc import add_health_and_reflection, maps_errors, set_serving, stop_on_signals
 from coordinator.admission import Admission, AdmissionLimits
 from coordinator.adoption import Adoption
 from coordinator.config import CoordinatorConfig, check_address, split_worker_flag
@@ -442,10 +441,8 @@ def _bind(server: grpc.aio.Server, config: CoordinatorConfig) -> tuple[int, int]
 
 async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) -> int:
     """Runs the coordinator until SIGTERM/SIGINT (or `stop`). Returns an exit code."""
-    stop = stop or asyncio.Event()
+    stop = stop_on_signals(stop)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     coordinator = Coordinator(config)
     await asyncio.to_thread(coordinator.dispatcher.tokenizer.load)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -22,7 +21,7 @@ from common.authz import COORDINATOR, DAEMON, OPERATOR, AuthorizationInterceptor
 from common.channels import async_server, listen
 from common.messages import Registration, WorkerCapacity
 from common.requests import GenerationRequest
-from common.rpc import add_health_and_reflection, maps_errors, set_serving
+from common.rpc import add_health_and_reflection, maps_errors, set_serving, stop_on_signals
 from common.validation import check_prompt_choice, check_request_id
 from protos.convert import (
     chunk_to_proto,
@@ -195,10 +194,8 @@ def capacity(status: WorkerStatus, model: str) -> WorkerCapacity:
 
 async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
     """Runs the worker until SIGTERM/SIGINT (or `stop`), then drains. Returns an exit code."""
-    stop = stop or asyncio.Event()
+    stop = stop_on_signals(stop)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     store = RedisStore.from_config(config.store) if config.store.url else None
     metrics = WorkerMetrics()
