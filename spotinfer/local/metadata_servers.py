@@ -32,10 +32,15 @@ class SeenRequest:
     body: bytes
 
 
-class MetadataServer:
-    """A ThreadingHTTPServer on a free loopback port; subclasses implement ``handle``."""
+LOOPBACK_ANY_PORT = ("127.0.0.1", 0)
 
-    def __init__(self) -> None:
+
+class MetadataServer:
+    """A ThreadingHTTPServer on a free loopback port (or `address`); subclasses implement
+    ``handle``. `attributes` maps a path to the plain text a GET of it answers, once the
+    request passed the format's checks (the instance id, the private address ...)."""
+
+    def __init__(self, address: tuple[str, int] = LOOPBACK_ANY_PORT) -> None:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -71,7 +76,8 @@ class MetadataServer:
 
         self.lock = threading.Lock()
         self.requests: list[SeenRequest] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.attributes: dict[str, str] = {}
+        self._server = ThreadingHTTPServer(address, Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), daemon=True
@@ -120,8 +126,8 @@ class AwsImds(MetadataServer):
 
     cloud = "aws"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, address: tuple[str, int] = LOOPBACK_ANY_PORT) -> None:
+        super().__init__(address)
         self.instance_action: dict[str, str] | None = None
         self.rebalance: dict[str, str] | None = None
         self._tokens: set[str] = set()
@@ -156,6 +162,8 @@ class AwsImds(MetadataServer):
             document = self.instance_action
         elif request.path == "/latest/meta-data/events/recommendations/rebalance":
             document = self.rebalance
+        elif request.path in self.attributes:
+            return _text(200, self.attributes[request.path])
         else:
             document = None
         return _json(200, document) if document is not None else _text(404, "Not Found")
@@ -170,8 +178,10 @@ class GcpMetadata(MetadataServer):
         """GCP says only TRUE: the grace period is the daemon's configured notice length."""
         self.set_preempted(True)
 
-    def __init__(self, send_flavor_header: bool = True) -> None:
-        super().__init__()
+    def __init__(
+        self, send_flavor_header: bool = True, address: tuple[str, int] = LOOPBACK_ANY_PORT
+    ) -> None:
+        super().__init__(address)
         self.send_flavor_header = send_flavor_header
         self._preempted = False
         self._changed = threading.Condition(self.lock)
@@ -188,6 +198,12 @@ class GcpMetadata(MetadataServer):
         flavor = {"Metadata-Flavor": "Google"} if self.send_flavor_header else {}
         if request.headers.get("metadata-flavor") != "Google":
             return 403, {"Content-Type": "text/html", **flavor}, b"Missing Metadata-Flavor"
+        if request.path in self.attributes:
+            return (
+                200,
+                {"Content-Type": "application/text", **flavor},
+                self.attributes[request.path].encode(),
+            )
         if request.path != "/computeMetadata/v1/instance/preempted":
             return 404, flavor, b"Not Found"
         with self._changed:
@@ -217,8 +233,8 @@ class AzureScheduledEvents(MetadataServer):
             self.events.append(event)
             self.incarnation += 1
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, address: tuple[str, int] = LOOPBACK_ANY_PORT) -> None:
+        super().__init__(address)
         self.events: list[dict[str, Any]] = []
         self.incarnation = 1
         self.approved: list[str] = []
@@ -267,8 +283,9 @@ def azure_preempt_event(event_id: str, resources: list[str], not_before: str) ->
     }
 
 
-def metadata_server_for(cloud: str) -> MetadataServer:
-    """A fresh (not yet started) server speaking `cloud`'s format: aws, gcp or azure."""
+def metadata_server_for(cloud: str, address: tuple[str, int] = LOOPBACK_ANY_PORT) -> MetadataServer:
+    """A fresh (not yet started) server speaking `cloud`'s format: aws, gcp or azure; on a
+    free loopback port unless `address` says where."""
     servers: dict[str, type[MetadataServer]] = {
         "aws": AwsImds,
         "gcp": GcpMetadata,
@@ -276,4 +293,4 @@ def metadata_server_for(cloud: str) -> MetadataServer:
     }
     if cloud not in servers:
         raise ValueError(f"unknown cloud {cloud!r}: use one of {sorted(servers)}")
-    return servers[cloud]()
+    return servers[cloud](address=address)
