@@ -3,7 +3,7 @@ path (`common.requests`). `protos/convert.py` turns each into its proto message 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -76,3 +76,45 @@ class NoticeEvent:
     @property
     def ends_vm(self) -> bool:
         return self.action in VM_ENDING_ACTIONS
+
+
+POOL_CLOUDS = ("aws", "gcp", "azure", "local")
+
+
+@dataclass(frozen=True)
+class PoolLabels:
+    """Where a worker runs; what a fleet's pools are told apart by (the `PoolLabels` message,
+    and the worker's ``pool`` settings: ``--pool-cloud``, ``SPOTINFER_POOL_ZONE``, ...)."""
+
+    cloud: str = field(
+        default="",
+        metadata={
+            "help": "aws | gcp | azure | local; a cloud also makes the advertised address "
+            "default to what its metadata service says"
+        },
+    )
+    zone: str = field(default="", metadata={"help": "the zone the VM runs in"})
+    instance_type: str = field(default="", metadata={"help": "the VM's instance / machine type"})
+    spot: bool = field(default=False, metadata={"help": "a spot VM (else on-demand)"})
+
+    def __post_init__(self) -> None:
+        if self.cloud and self.cloud not in POOL_CLOUDS:
+            raise ValueError(f"pool cloud must be one of {POOL_CLOUDS}, got {self.cloud!r}")
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A worker joining the cluster or renewing its lease (the `RegisterWorkerRequest`).
+
+    ``lease_ttl_seconds`` 0 is a launcher registering a worker by address: no lease, no
+    fingerprint check, the heartbeat alone decides."""
+
+    address: str
+    standby: bool = False
+    worker_id: str = ""
+    daemon_address: str = ""
+    lease_ttl_seconds: float = 0.0
+    pool: PoolLabels = PoolLabels()
+    capacity: WorkerCapacity | None = None
+    model_fingerprint: str = ""
+    model: str = ""

@@ -17,6 +17,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.advertise import METADATA_CLOUDS
 from common.config_source import ConfigSource, unique_name
 from common.tuning_file import load_tuning_file
 from coordinator.constants import (
@@ -40,7 +41,24 @@ from store.store_config import StoreConfig
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "address to listen on; 0.0.0.0 on a VM (the boot unit passes it)"},
+    )
+    advertise_address: str = field(
+        default="",
+        metadata={
+            "help": "the address other coordinators reach this one at (route records); "
+            "empty: from the --cloud metadata service, else --host"
+        },
+    )
+    cloud: str = field(
+        default="",
+        metadata={
+            "help": "aws | gcp | azure: the advertised address defaults to the VM's private "
+            "address from that cloud's metadata service; empty: not on a cloud"
+        },
+    )
     port: int = field(default=DEFAULT_GRPC_PORT, metadata={"help": "gRPC port; 0 picks a free one"})
     http_port: int = field(
         default=DEFAULT_HTTP_PORT,
@@ -68,7 +86,15 @@ class CoordinatorConfig:
         default="",
         metadata={
             "help": "the model folder the workers serve: its tokenizer tokenizes text prompts "
-            "and applies the chat template; empty: token-id prompts only"
+            "and applies the chat template; empty: the model the first worker registered "
+            "with (token-id prompts only until one has)"
+        },
+    )
+    model_fingerprint: str = field(
+        default="",
+        metadata={
+            "help": "the model fingerprint every registering worker must serve; empty: the "
+            "first worker to register fixes it (see coordinator/fleet_model.py)"
         },
     )
     served_model_name: str = field(
@@ -178,6 +204,8 @@ class CoordinatorConfig:
             raise ValueError("record_retention_seconds must be positive")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be at least 1024")
+        if self.cloud not in ("", *METADATA_CLOUDS):
+            raise ValueError(f"cloud must be one of {METADATA_CLOUDS} or empty, got {self.cloud!r}")
         if not self.coordinator_id:
             raise ValueError("coordinator_id must not be empty")
 

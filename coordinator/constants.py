@@ -31,7 +31,7 @@ RETENTION_SWEEP_INTERVAL_SECONDS = 1.0
 # Longest wait for the worker's answer to an Abort.
 ABORT_TIMEOUT_SECONDS = 5.0
 DEFAULT_ROUTING_POLICY = "least-loaded"
-DEFAULT_FAILOVER_POLICY = "fail"
+DEFAULT_FAILOVER_POLICY = "resume"
 # Tokens decoded before a span whose text the relay must rebuild (a reader attaching inside a
 # chunk): enough for any tokenizer's merge of leading spaces and split characters.
 SPAN_CONTEXT_TOKENS = 8

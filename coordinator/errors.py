@@ -104,3 +104,21 @@ class NothingPersisted(WorkerStreamBroken):
 class RequestLost(ServiceError, RuntimeError):
     """The failover policy could not continue a request whose worker broke; the client's
     stream ends with FinishReason.ERROR and this message in its event."""
+
+
+class ModelMismatch(ServiceError, RuntimeError):
+    """A worker that serves another model than the fleet's: refused at registration (its KV
+    blocks and token ids would mean something else to every other worker)."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    http_status = 409
+    http_type = "conflict_error"
+
+    def __init__(self, address: str, fingerprint: str, fleet_fingerprint: str, why: str) -> None:
+        super().__init__(
+            f"worker {address} serves model fingerprint {fingerprint or '(none)'}, "
+            f"but this fleet's is {fleet_fingerprint} ({why}); start it with the fleet's "
+            "model and dtype"
+        )
+        self.fingerprint = fingerprint
+        self.fleet_fingerprint = fleet_fingerprint

@@ -12,7 +12,8 @@ from coordinator.constants import SPAN_CONTEXT_TOKENS
 
 class PromptTokenizer:
     """Loads the tokenizer of the model folder the workers serve (`load`, blocking: call it
-    in a thread). Without a model folder it refuses text and chat prompts."""
+    in a thread), or of the model the first worker registered with (`load_from`). Without
+    either it refuses text and chat prompts."""
 
     def __init__(self, model: str) -> None:
         self._model = model
@@ -24,6 +25,16 @@ class PromptTokenizer:
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(self._model)
+
+    def load_from(self, model: str) -> None:
+        """The tokenizer of ``model``, for a coordinator started without one (the model its
+        workers registered with). Blocking: call it in a thread."""
+        self._model = model
+        self.load()
+
+    @property
+    def loaded(self) -> bool:
+        return self._tokenizer is not None
 
     @property
     def vocab_size(self) -> int | None:

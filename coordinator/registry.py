@@ -1,14 +1,18 @@
 """The worker registry: who is in the cluster, in which role, in which state, with what room.
 
-Workers come from `--worker` / `--standby` flags and from the RegisterWorker call. Each entry
-keeps the last heartbeat (a Stats answer, see `heartbeat.py`) and the coordinator's own count
+Workers come from `--worker` / `--standby` flags and from the RegisterWorker call. A worker
+that registers itself holds a lease it renews (`register`); a launcher's registration and
+the flags hold none. Each entry keeps the last heartbeat (a Stats answer, see `heartbeat.py`) and the coordinator's own count
 of requests it placed there, because a heartbeat is up to one interval old while admission
 must not overbook a worker between two of them.
 
 A worker's state is derived in one place, `derive_state`, from what is known about it:
 
     STOPPED ─ deregistered                    (final)
-    LOST ──── silent for lost_after_seconds   (back to its derived state if it answers again)
+    LOST ──── silent for lost_after_seconds, or its lease ran out; a worker without a lease
+              is back to its derived state once it answers again, one with a lease only once
+              it has registered again (a partitioned worker may answer the heartbeat before
+              it learns it was cut off: it gets no new request until it renews)
     PREEMPTED / MIGRATING / RECOVERING ─ set by the notice and failover paths
     DRAINING ─ the worker says so, or a drain was asked
     READY ─── the worker says it is ready
@@ -24,9 +28,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from common.messages import WorkerCapacity
+from common.messages import PoolLabels, Registration, WorkerCapacity
 from common.requests import GenerationRequest, SlaClass
 from coordinator.errors import UnknownWorker
+from coordinator.fleet_model import FleetModel
 from coordinator.worker_client import WorkerEndpoint
 
 log = logging.getLogger(__name__)
@@ -79,6 +84,24 @@ class WorkerEntry:
     suspect_since_monotonic: float | None = None
     """When a stream from this worker broke; it takes no new request until a heartbeat asked
     after that moment answers (a killed worker is not LOST until lost_after_seconds)."""
+    pool: PoolLabels = field(default_factory=PoolLabels)
+    model_fingerprint: str = ""
+    lease_ttl_seconds: float = 0.0
+    """0: no lease (a flag or a launcher registered it)."""
+    lease_renewed_monotonic: float = 0.0
+    awaiting_registration: bool = False
+    """A leased worker that was LOST: it stays LOST until it registers again."""
+
+    def lease_expired(self, now_monotonic: float) -> bool:
+        return (
+            self.lease_ttl_seconds > 0
+            and now_monotonic - self.lease_renewed_monotonic > self.lease_ttl_seconds
+        )
+
+    def lease_left_seconds(self, now_monotonic: float) -> float:
+        if self.lease_ttl_seconds <= 0:
+            return 0.0
+        return max(0.0, self.lease_renewed_monotonic + self.lease_ttl_seconds - now_monotonic)
 
     @property
     def in_flight_total(self) -> int:
@@ -112,6 +135,8 @@ def derive_state(
     silent_since = heard if heard is not None else entry.registered_monotonic
     if now_monotonic - silent_since > lost_after_seconds:
         return WorkerState.LOST
+    if entry.awaiting_registration or entry.lease_expired(now_monotonic):
+        return WorkerState.LOST
     if entry.orchestrated_state is not None:
         return entry.orchestrated_state
     capacity = entry.capacity
@@ -137,7 +162,9 @@ class Registry:
         lost_after_seconds: float,
         client_factory: Callable[[str], WorkerEndpoint],
         clock: Callable[[], float] = time.monotonic,
+        fleet_model: FleetModel | None = None,
     ) -> None:
+        self.fleet_model = fleet_model or FleetModel()
         self._lost_after_seconds = lost_after_seconds
         self._client_factory = client_factory
         self._clock = clock
@@ -173,6 +200,39 @@ class Registry:
         self._entries[address] = entry
         log.info("worker %s registered at %s as %s", entry.worker_id, address, role.value)
         return entry, False
+
+    def register(self, registration: Registration) -> tuple[WorkerEntry, bool]:
+        """A RegisterWorker call: checks the model (raises ModelMismatch), adds or updates the
+        entry, and renews its lease when it asks for one. Returns the entry and whether it
+        was already registered."""
+        self.fleet_model.admit(registration)
+        role = WorkerRole.STANDBY if registration.standby else WorkerRole.ACTIVE
+        entry, known = self.add(
+            registration.address, role, registration.worker_id, registration.daemon_address
+        )
+        entry.pool = registration.pool
+        if registration.model_fingerprint:
+            entry.model_fingerprint = registration.model_fingerprint
+        if registration.capacity is not None and entry.capacity is None:
+            entry.capacity = registration.capacity
+        if registration.lease_ttl_seconds > 0:
+            if entry.awaiting_registration:
+                log.info("worker %s registered again; it takes requests", entry.worker_id)
+            entry.lease_ttl_seconds = registration.lease_ttl_seconds
+            entry.lease_renewed_monotonic = self._clock()
+            entry.awaiting_registration = False
+        self.refresh()
+        return entry, known
+
+    def deregister(self, address: str) -> bool:
+        """A clean stop: the worker is STOPPED (final; what still runs there fails over).
+        Returns whether it was registered."""
+        entry = self._entries.get(address)
+        if entry is None or entry.state == WorkerState.STOPPED:
+            return False
+        log.info("worker %s (%s) deregistered", entry.worker_id, address)
+        self.set_orchestrated_state(entry, WorkerState.STOPPED)
+        return True
 
     def __iter__(self) -> Iterator[WorkerEntry]:
         return iter(list(self._entries.values()))
@@ -232,6 +292,8 @@ class Registry:
             new = derive_state(entry, now, self._lost_after_seconds)
             old = entry.state
             if new != old:
+                if new == WorkerState.LOST and entry.lease_ttl_seconds > 0:
+                    entry.awaiting_registration = True
                 entry.state = new
                 level = logging.WARNING if new == WorkerState.LOST else logging.INFO
                 log.log(level, "worker %s: %s -> %s", entry.worker_id, old.value, new.value)

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from common.advertise import resolve_advertise_address
 from common.channels import async_server, listen
 from common.errors import InvalidRequest
 from common.requests import SlaClass
@@ -31,6 +32,7 @@ from coordinator.constants import (
 )
 from coordinator.dispatcher import Dispatcher
 from coordinator.failover import FailoverPolicy
+from coordinator.fleet_model import FleetModel
 from coordinator.heartbeat import Heartbeat
 from coordinator.http_front import HttpFront
 from coordinator.metrics import CoordinatorMetrics
@@ -44,6 +46,8 @@ from coordinator.standby_pool import StandbyPool
 from coordinator.worker_client import WorkerClient
 from protos.convert import (
     chunk_to_proto,
+    pool_to_proto,
+    registration_from_proto,
     sampling_from_proto,
     sla_from_proto,
     sla_to_proto,
@@ -143,6 +147,9 @@ class ControlService(control_pb2_grpc.ControlServicer):
             last_heartbeat_unix=entry.last_heartbeat_unix,
             daemon_address=entry.daemon_address,
             notices_watched=entry.notices_watched,
+            pool=pool_to_proto(entry.pool),
+            model_fingerprint=entry.model_fingerprint,
+            lease_expires_in_seconds=entry.lease_left_seconds(self._registry.now()),
         )
         if entry.capacity is not None:
             info.stats.CopyFrom(worker_stats_to_proto(entry.capacity))
@@ -164,21 +171,25 @@ class ControlService(control_pb2_grpc.ControlServicer):
             check_address(request.address)
             if request.daemon_address:
                 check_address(request.daemon_address)
+            registration = registration_from_proto(request)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
-        role = (
-            WorkerRole.STANDBY
-            if request.role == control_pb2.WORKER_ROLE_STANDBY
-            else WorkerRole.ACTIVE
-        )
-        entry, known = self._registry.add(
-            request.address, role, request.worker_id, request.daemon_address
-        )
+        entry, known = self._registry.register(registration)
         self._migrations.watch(entry)
         if not known:
             self._on_registered(entry)
         return control_pb2.RegisterWorkerResponse(
-            worker_id=entry.worker_id, already_registered=known
+            worker_id=entry.worker_id,
+            already_registered=known,
+            fleet_fingerprint=self._registry.fleet_model.fingerprint,
+        )
+
+    @maps_errors
+    async def DeregisterWorker(  # noqa: N802
+        self, request: control_pb2.DeregisterWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.DeregisterWorkerResponse:
+        return control_pb2.DeregisterWorkerResponse(
+            was_registered=self._registry.deregister(request.address)
         )
 
     @maps_errors
@@ -240,6 +251,7 @@ class Coordinator:
         self.registry = Registry(
             config.lost_after_seconds,
             lambda address: WorkerClient(address, config.max_message_bytes),
+            fleet_model=FleetModel(config.model_fingerprint, config.model),
         )
         self.pool = StandbyPool(self.registry, config.standby_pool_size)
         limits = AdmissionLimits(
@@ -338,7 +350,15 @@ class Coordinator:
             self.migrations.watch(entry)
 
     async def registered(self, entry: WorkerEntry) -> None:
-        """A new worker: ask its Stats now rather than at the next beat."""
+        """A new worker: ask its Stats now rather than at the next beat; without --model, the
+        first registered model's tokenizer is loaded (text and chat prompts work from then)."""
+        tokenizer = self.dispatcher.tokenizer
+        model = self.registry.fleet_model.model
+        if not tokenizer.loaded and model:
+            try:
+                await asyncio.to_thread(tokenizer.load_from, model)
+            except Exception as exc:  # a hub id this host cannot reach: token ids still work
+                log.warning("could not load the tokenizer of %s: %s", model, exc)
         await self.heartbeat.beat()
 
 
@@ -392,7 +412,8 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
     )
     await set_serving(health, SERVICE_NAMES, False)
     port = listen(server, f"{config.host}:{config.port}")
-    coordinator.dispatcher.address = f"{config.host}:{port}"
+    advertised = config.advertise_address or resolve_advertise_address(config.host, config.cloud)
+    coordinator.dispatcher.address = f"{advertised}:{port}"
     await server.start()
     http_port = (
         await coordinator.http.start(config.host, config.http_port) if config.serve_http else 0

@@ -7,7 +7,14 @@ these: inside, code never sees a proto message.
 
 from __future__ import annotations
 
-from common.messages import FlushReport, NoticeEvent, PrefetchResult, WorkerCapacity
+from common.messages import (
+    FlushReport,
+    NoticeEvent,
+    PoolLabels,
+    PrefetchResult,
+    Registration,
+    WorkerCapacity,
+)
 from common.requests import (
     Event,
     EventKind,
@@ -17,7 +24,7 @@ from common.requests import (
     SlaClass,
     TokenChunk,
 )
-from protos.spotinfer.v1 import common_pb2, daemon_pb2, worker_pb2
+from protos.spotinfer.v1 import common_pb2, control_pb2, daemon_pb2, worker_pb2
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> Sampling:
@@ -219,4 +226,49 @@ def prefetch_result_from_proto(msg: worker_pb2.PrefetchResponse) -> PrefetchResu
         staged_bytes=msg.staged_bytes,
         context_tokens=msg.context_tokens,
         finished=msg.finished,
+    )
+
+
+def pool_to_proto(pool: PoolLabels) -> control_pb2.PoolLabels:
+    return control_pb2.PoolLabels(
+        cloud=pool.cloud, zone=pool.zone, instance_type=pool.instance_type, spot=pool.spot
+    )
+
+
+def pool_from_proto(msg: control_pb2.PoolLabels) -> PoolLabels:
+    return PoolLabels(
+        cloud=msg.cloud, zone=msg.zone, instance_type=msg.instance_type, spot=msg.spot
+    )
+
+
+def registration_to_proto(registration: Registration) -> control_pb2.RegisterWorkerRequest:
+    msg = control_pb2.RegisterWorkerRequest(
+        worker_id=registration.worker_id,
+        address=registration.address,
+        role=control_pb2.WORKER_ROLE_STANDBY
+        if registration.standby
+        else control_pb2.WORKER_ROLE_ACTIVE,
+        daemon_address=registration.daemon_address,
+        lease_ttl_seconds=registration.lease_ttl_seconds,
+        pool=pool_to_proto(registration.pool),
+        model_fingerprint=registration.model_fingerprint,
+        model=registration.model,
+    )
+    if registration.capacity is not None:
+        msg.capacity.CopyFrom(worker_stats_to_proto(registration.capacity))
+    return msg
+
+
+def registration_from_proto(msg: control_pb2.RegisterWorkerRequest) -> Registration:
+    """A role left UNSPECIFIED is ACTIVE (what a launcher of an older release sends)."""
+    return Registration(
+        address=msg.address,
+        standby=msg.role == control_pb2.WORKER_ROLE_STANDBY,
+        worker_id=msg.worker_id,
+        daemon_address=msg.daemon_address,
+        lease_ttl_seconds=msg.lease_ttl_seconds,
+        pool=pool_from_proto(msg.pool),
+        capacity=worker_stats_from_proto(msg.capacity) if msg.HasField("capacity") else None,
+        model_fingerprint=msg.model_fingerprint,
+        model=msg.model,
     )

@@ -4,7 +4,19 @@ The local cluster gives every node one, so a drill delivers a termination notice
 the cloud would (`announce_termination`), and the tests use them to check the watchers.
 
 Each checks requests the way the real service does (IMDSv2 token or 401, ``Metadata-Flavor:
-Google`` or 403, ``Metadata: true`` or 400) and records every request it saw.
+Google`` or 403, ``Metadata: true`` or 400) and records every request it saw. Each also says
+who the VM is (`InstanceIdentity`) in its cloud's paths and formats, which the boot scripts
+and the advertised-address lookup (common/advertise.py) read:
+
+    aws    /latest/meta-data/{local-ipv4, instance-id, instance-type,
+                              placement/availability-zone, instance-life-cycle}
+    gcp    /computeMetadata/v1/instance/{network-interfaces/0/ip, name, zone, machine-type,
+                                         scheduling/preemptible}
+    azure  /metadata/instance/network/interface/0/ipv4/ipAddress/0/privateIpAddress
+           (and /metadata/instance/compute/{name, vmSize, zone}), format=text
+
+``MetadataServer(host=..., port=...)`` binds elsewhere than a free loopback port (a
+rehearsal binds 169.254.169.254:80 inside a network namespace).
 """
 
 from __future__ import annotations
@@ -24,6 +36,17 @@ ServerT = TypeVar("ServerT", bound="MetadataServer")
 
 
 @dataclass(frozen=True)
+class InstanceIdentity:
+    """Who the VM is, as its metadata service says."""
+
+    private_ip: str = "127.0.0.1"
+    instance_id: str = "i-0123456789abcdef0"
+    instance_type: str = "g5.xlarge"
+    zone: str = "us-east-1a"
+    spot: bool = True
+
+
+@dataclass(frozen=True)
 class SeenRequest:
     method: str
     path: str
@@ -32,16 +55,14 @@ class SeenRequest:
     body: bytes
 
 
-LOOPBACK_ANY_PORT = ("127.0.0.1", 0)
-
-
 class MetadataServer:
-    """A ThreadingHTTPServer on a free loopback port (or `address`); subclasses implement
-    ``handle``. `attributes` maps a path to the plain text a GET of it answers, once the
-    request passed the format's checks (the instance id, the private address ...)."""
+    """A ThreadingHTTPServer on a free loopback port; subclasses implement ``handle``."""
 
-    def __init__(self, address: tuple[str, int] = LOOPBACK_ANY_PORT) -> None:
+    def __init__(
+        self, identity: InstanceIdentity | None = None, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         owner = self
+        self.identity = identity or InstanceIdentity()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -76,8 +97,7 @@ class MetadataServer:
 
         self.lock = threading.Lock()
         self.requests: list[SeenRequest] = []
-        self.attributes: dict[str, str] = {}
-        self._server = ThreadingHTTPServer(address, Handler)
+        self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), daemon=True
@@ -126,8 +146,10 @@ class AwsImds(MetadataServer):
 
     cloud = "aws"
 
-    def __init__(self, address: tuple[str, int] = LOOPBACK_ANY_PORT) -> None:
-        super().__init__(address)
+    def __init__(
+        self, identity: InstanceIdentity | None = None, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        super().__init__(identity, host, port)
         self.instance_action: dict[str, str] | None = None
         self.rebalance: dict[str, str] | None = None
         self._tokens: set[str] = set()
@@ -158,15 +180,27 @@ class AwsImds(MetadataServer):
             authorized = request.headers.get("x-aws-ec2-metadata-token") in self._tokens
         if not authorized:
             return _text(401, "Unauthorized")
+        identity = self._identity_paths().get(request.path)
+        if identity is not None:
+            return _text(200, identity)
         if request.path == "/latest/meta-data/spot/instance-action":
             document = self.instance_action
         elif request.path == "/latest/meta-data/events/recommendations/rebalance":
             document = self.rebalance
-        elif request.path in self.attributes:
-            return _text(200, self.attributes[request.path])
         else:
             document = None
         return _json(200, document) if document is not None else _text(404, "Not Found")
+
+    def _identity_paths(self) -> dict[str, str]:
+        me = self.identity
+        base = "/latest/meta-data/"
+        return {
+            base + "local-ipv4": me.private_ip,
+            base + "instance-id": me.instance_id,
+            base + "instance-type": me.instance_type,
+            base + "placement/availability-zone": me.zone,
+            base + "instance-life-cycle": "spot" if me.spot else "on-demand",
+        }
 
 
 class GcpMetadata(MetadataServer):
@@ -179,9 +213,13 @@ class GcpMetadata(MetadataServer):
         self.set_preempted(True)
 
     def __init__(
-        self, send_flavor_header: bool = True, address: tuple[str, int] = LOOPBACK_ANY_PORT
+        self,
+        send_flavor_header: bool = True,
+        identity: InstanceIdentity | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
-        super().__init__(address)
+        super().__init__(identity, host, port)
         self.send_flavor_header = send_flavor_header
         self._preempted = False
         self._changed = threading.Condition(self.lock)
@@ -198,12 +236,17 @@ class GcpMetadata(MetadataServer):
         flavor = {"Metadata-Flavor": "Google"} if self.send_flavor_header else {}
         if request.headers.get("metadata-flavor") != "Google":
             return 403, {"Content-Type": "text/html", **flavor}, b"Missing Metadata-Flavor"
-        if request.path in self.attributes:
-            return (
-                200,
-                {"Content-Type": "application/text", **flavor},
-                self.attributes[request.path].encode(),
-            )
+        me = self.identity
+        instance = "/computeMetadata/v1/instance/"
+        identity = {
+            instance + "network-interfaces/0/ip": me.private_ip,
+            instance + "name": me.instance_id,
+            instance + "zone": f"projects/123456789012/zones/{me.zone}",
+            instance + "machine-type": f"projects/123456789012/machineTypes/{me.instance_type}",
+            instance + "scheduling/preemptible": "TRUE" if me.spot else "FALSE",
+        }.get(request.path)
+        if identity is not None:
+            return 200, {"Content-Type": "application/text", **flavor}, identity.encode()
         if request.path != "/computeMetadata/v1/instance/preempted":
             return 404, flavor, b"Not Found"
         with self._changed:
@@ -233,8 +276,10 @@ class AzureScheduledEvents(MetadataServer):
             self.events.append(event)
             self.incarnation += 1
 
-    def __init__(self, address: tuple[str, int] = LOOPBACK_ANY_PORT) -> None:
-        super().__init__(address)
+    def __init__(
+        self, identity: InstanceIdentity | None = None, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        super().__init__(identity, host, port)
         self.events: list[dict[str, Any]] = []
         self.incarnation = 1
         self.approved: list[str] = []
@@ -242,6 +287,8 @@ class AzureScheduledEvents(MetadataServer):
     def handle(self, request: SeenRequest) -> tuple[int, dict[str, str], bytes]:
         if request.headers.get("metadata") != "true":
             return _json(400, {"error": "Bad request. Required metadata header not specified"})
+        if request.path.startswith("/metadata/instance"):
+            return self._instance(request)
         if request.path != "/metadata/scheduledevents":
             return _json(404, {"error": "Not found"})
         if request.query.get("api-version") != "2020-07-01":
@@ -268,6 +315,26 @@ class AzureScheduledEvents(MetadataServer):
             return 200, {}, b""
         return _json(405, {"error": "Method not allowed"})
 
+    def _instance(self, request: SeenRequest) -> tuple[int, dict[str, str], bytes]:
+        """Instance metadata (any api-version the service knows; format=text for a leaf)."""
+        if not request.query.get("api-version"):
+            return _json(400, {"error": "Bad request. api-version was not specified"})
+        me = self.identity
+        leaves = {
+            "/metadata/instance/network/interface/0/ipv4/ipAddress/0/privateIpAddress": (
+                me.private_ip
+            ),
+            "/metadata/instance/compute/name": me.instance_id,
+            "/metadata/instance/compute/vmSize": me.instance_type,
+            "/metadata/instance/compute/zone": me.zone,
+        }
+        leaf = leaves.get(request.path)
+        if leaf is None:
+            return _json(404, {"error": "Not found"})
+        if request.query.get("format") != "text":
+            return _json(200, leaf)
+        return _text(200, leaf)
+
 
 def azure_preempt_event(event_id: str, resources: list[str], not_before: str) -> dict[str, Any]:
     return {
@@ -283,9 +350,8 @@ def azure_preempt_event(event_id: str, resources: list[str], not_before: str) ->
     }
 
 
-def metadata_server_for(cloud: str, address: tuple[str, int] = LOOPBACK_ANY_PORT) -> MetadataServer:
-    """A fresh (not yet started) server speaking `cloud`'s format: aws, gcp or azure; on a
-    free loopback port unless `address` says where."""
+def metadata_server_for(cloud: str) -> MetadataServer:
+    """A fresh (not yet started) server speaking `cloud`'s format: aws, gcp or azure."""
     servers: dict[str, type[MetadataServer]] = {
         "aws": AwsImds,
         "gcp": GcpMetadata,
@@ -293,4 +359,4 @@ def metadata_server_for(cloud: str, address: tuple[str, int] = LOOPBACK_ANY_PORT
     }
     if cloud not in servers:
         raise ValueError(f"unknown cloud {cloud!r}: use one of {sorted(servers)}")
-    return servers[cloud](address=address)
+    return servers[cloud]()

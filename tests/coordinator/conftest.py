@@ -56,6 +56,10 @@ def coordinator(
 
 
 def start_coordinator(*flags: str, log_dir: Path, wait_serving: bool = True) -> CoordinatorProcess:
+    """A coordinator with ``flags``; a test that names no failover policy gets ``fail`` (the
+    one these tests were written for: a broken stream ends, nothing moves)."""
+    if "--failover-policy" not in flags:
+        flags = ("--failover-policy", "fail", *flags)
     process = CoordinatorProcess(*flags, "--heartbeat-interval-seconds", "0.5", log_dir=log_dir)
     process.start()
     if wait_serving:

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from common.messages import PoolLabels, Registration
 from common.requests import Event, GenerationRequest, Sampling, SlaClass, TokenChunk
 from coordinator.admission import Admission, AdmissionLimits
 from coordinator.dispatcher import Dispatcher
@@ -33,6 +34,8 @@ from tests.support.clock import ManualClock
 from tests.support.fake_worker import Call, FakeDaemon, FakeWorker
 
 LOST_AFTER_SECONDS = 3.0
+LEASE_TTL_SECONDS = 2.0
+FINGERPRINT = "f" * 32
 RETENTION_SECONDS = 60.0
 CLOSE_TIMEOUT_SECONDS = 0.5
 
@@ -118,6 +121,27 @@ def make_worker_entry(
     registry.record_heartbeat(entry, fake.capacity, registry.now())
     registry.refresh()
     return entry
+
+
+def make_registration(
+    address: str,
+    fingerprint: str = FINGERPRINT,
+    lease_ttl_seconds: float = LEASE_TTL_SECONDS,
+    standby: bool = False,
+    model: str = "tiny",
+    **pool: object,
+) -> Registration:
+    """What a worker that registers itself sends: a lease, its fingerprint, its pool."""
+    return Registration(
+        address=address,
+        standby=standby,
+        worker_id=address,
+        lease_ttl_seconds=lease_ttl_seconds,
+        pool=PoolLabels(**pool) if pool else PoolLabels(cloud="aws", zone="us-east-1a", spot=True),  # type: ignore[arg-type]
+        capacity=make_capacity(address),
+        model_fingerprint=fingerprint,
+        model=model,
+    )
 
 
 def make_limits(

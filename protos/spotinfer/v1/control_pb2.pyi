@@ -102,6 +102,9 @@ class WorkerInfo(_message.Message):
     LAST_HEARTBEAT_UNIX_FIELD_NUMBER: _builtins.int
     DAEMON_ADDRESS_FIELD_NUMBER: _builtins.int
     NOTICES_WATCHED_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_IN_SECONDS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     address: _builtins.str
     role: Global___WorkerRole.ValueType
@@ -111,8 +114,13 @@ class WorkerInfo(_message.Message):
     """empty: no context daemon known for this worker"""
     notices_watched: _builtins.bool
     """the coordinator is subscribed to that daemon's notices now"""
+    model_fingerprint: _builtins.str
+    lease_expires_in_seconds: _builtins.float
+    """0: no lease"""
     @_builtins.property
     def stats(self) -> _worker_pb2.WorkerStats: ...
+    @_builtins.property
+    def pool(self) -> Global___PoolLabels: ...
     def __init__(
         self,
         *,
@@ -124,10 +132,13 @@ class WorkerInfo(_message.Message):
         last_heartbeat_unix: _builtins.float = ...,
         daemon_address: _builtins.str = ...,
         notices_watched: _builtins.bool = ...,
+        pool: Global___PoolLabels | None = ...,
+        model_fingerprint: _builtins.str = ...,
+        lease_expires_in_seconds: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool", "stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "daemon_address", b"daemon_address", "last_heartbeat_unix", b"last_heartbeat_unix", "notices_watched", b"notices_watched", "role", b"role", "state", b"state", "stats", b"stats", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "daemon_address", b"daemon_address", "last_heartbeat_unix", b"last_heartbeat_unix", "lease_expires_in_seconds", b"lease_expires_in_seconds", "model_fingerprint", b"model_fingerprint", "notices_watched", b"notices_watched", "pool", b"pool", "role", b"role", "state", b"state", "stats", b"stats", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -141,6 +152,11 @@ class RegisterWorkerRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     DAEMON_ADDRESS_FIELD_NUMBER: _builtins.int
+    LEASE_TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """empty: the worker's own id, learnt from its Stats"""
     address: _builtins.str
@@ -152,6 +168,22 @@ class RegisterWorkerRequest(_message.Message):
     WatchNotices (notices and flush progress drive live migration) and asks it to Flush on
     InjectNotice.
     """
+    lease_ttl_seconds: _builtins.float
+    """The rest is sent by a worker that registers itself (a lease); a launcher registering a
+    worker by address leaves it empty, and that worker holds no lease.
+    How long the entry lives without a renewal; 0: no lease (the heartbeat alone decides).
+    """
+    model_fingerprint: _builtins.str
+    """The model fingerprint (weights, config, dtype) and the model it names (a folder or hub
+    id the coordinator may load the tokenizer from).
+    """
+    model: _builtins.str
+    @_builtins.property
+    def pool(self) -> Global___PoolLabels: ...
+    @_builtins.property
+    def capacity(self) -> _worker_pb2.WorkerStats:
+        """What the worker can hold, as its Stats would say at this moment."""
+
     def __init__(
         self,
         *,
@@ -159,14 +191,51 @@ class RegisterWorkerRequest(_message.Message):
         address: _builtins.str = ...,
         role: Global___WorkerRole.ValueType = ...,
         daemon_address: _builtins.str = ...,
+        lease_ttl_seconds: _builtins.float = ...,
+        pool: Global___PoolLabels | None = ...,
+        capacity: _worker_pb2.WorkerStats | None = ...,
+        model_fingerprint: _builtins.str = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "pool", b"pool"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "daemon_address", b"daemon_address", "role", b"role", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "daemon_address", b"daemon_address", "lease_ttl_seconds", b"lease_ttl_seconds", "model", b"model", "model_fingerprint", b"model_fingerprint", "pool", b"pool", "role", b"role", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterWorkerRequest: _TypeAlias = RegisterWorkerRequest  # noqa: Y015
+
+@_typing.final
+class PoolLabels(_message.Message):
+    """Where a worker runs: what a fleet's pools are told apart by."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLOUD_FIELD_NUMBER: _builtins.int
+    ZONE_FIELD_NUMBER: _builtins.int
+    INSTANCE_TYPE_FIELD_NUMBER: _builtins.int
+    SPOT_FIELD_NUMBER: _builtins.int
+    cloud: _builtins.str
+    """aws | gcp | azure | local"""
+    zone: _builtins.str
+    instance_type: _builtins.str
+    spot: _builtins.bool
+    """false: on-demand"""
+    def __init__(
+        self,
+        *,
+        cloud: _builtins.str = ...,
+        zone: _builtins.str = ...,
+        instance_type: _builtins.str = ...,
+        spot: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cloud", b"cloud", "instance_type", b"instance_type", "spot", b"spot", "zone", b"zone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolLabels: _TypeAlias = PoolLabels  # noqa: Y015
 
 @_typing.final
 class RegisterWorkerResponse(_message.Message):
@@ -174,21 +243,64 @@ class RegisterWorkerResponse(_message.Message):
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     ALREADY_REGISTERED_FIELD_NUMBER: _builtins.int
+    FLEET_FINGERPRINT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     already_registered: _builtins.bool
+    fleet_fingerprint: _builtins.str
+    """The fleet's model fingerprint as this coordinator holds it."""
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         already_registered: _builtins.bool = ...,
+        fleet_fingerprint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_registered", b"already_registered", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_registered", b"already_registered", "fleet_fingerprint", b"fleet_fingerprint", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterWorkerResponse: _TypeAlias = RegisterWorkerResponse  # noqa: Y015
+
+@_typing.final
+class DeregisterWorkerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    """as registered"""
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeregisterWorkerRequest: _TypeAlias = DeregisterWorkerRequest  # noqa: Y015
+
+@_typing.final
+class DeregisterWorkerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAS_REGISTERED_FIELD_NUMBER: _builtins.int
+    was_registered: _builtins.bool
+    def __init__(
+        self,
+        *,
+        was_registered: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["was_registered", b"was_registered"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeregisterWorkerResponse: _TypeAlias = DeregisterWorkerResponse  # noqa: Y015
 
 @_typing.final
 class ListWorkersRequest(_message.Message):

@@ -59,6 +59,11 @@ class ControlStub:
                 request_serializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerRequest.SerializeToString,
                 response_deserializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerResponse.FromString,
                 _registered_method=True)
+        self.DeregisterWorker = channel.unary_unary(
+                '/spotinfer.v1.Control/DeregisterWorker',
+                request_serializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.DeregisterWorkerRequest.SerializeToString,
+                response_deserializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.DeregisterWorkerResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -92,7 +97,17 @@ class ControlServicer:
 
     def RegisterWorker(self, request, context):
         """A worker (or its launcher) joins the cluster; registering an address again updates its
-        role. The coordinator starts polling its Stats (the heartbeat) at once.
+        role and renews its lease. The coordinator starts polling its Stats (the heartbeat) at
+        once. A worker whose model fingerprint is not the fleet's is refused with
+        FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeregisterWorker(self, request, context):
+        """A worker leaves on a clean stop: it takes no new request, and what still runs there
+        fails over.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,6 +140,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.RegisterWorker,
                     request_deserializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerRequest.FromString,
                     response_serializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerResponse.SerializeToString,
+            ),
+            'DeregisterWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterWorker,
+                    request_deserializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.DeregisterWorkerRequest.FromString,
+                    response_serializer=protos_dot_spotinfer_dot_v1_dot_control__pb2.DeregisterWorkerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +282,33 @@ class Control:
             '/spotinfer.v1.Control/RegisterWorker',
             protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerRequest.SerializeToString,
             protos_dot_spotinfer_dot_v1_dot_control__pb2.RegisterWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spotinfer.v1.Control/DeregisterWorker',
+            protos_dot_spotinfer_dot_v1_dot_control__pb2.DeregisterWorkerRequest.SerializeToString,
+            protos_dot_spotinfer_dot_v1_dot_control__pb2.DeregisterWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,7 +40,13 @@ class ControlStub:
     ClusterStatus: _grpc.UnaryUnaryMultiCallable[_control_pb2.ClusterStatusRequest, _control_pb2.ClusterStatusResponse]
     RegisterWorker: _grpc.UnaryUnaryMultiCallable[_control_pb2.RegisterWorkerRequest, _control_pb2.RegisterWorkerResponse]
     """A worker (or its launcher) joins the cluster; registering an address again updates its
-    role. The coordinator starts polling its Stats (the heartbeat) at once.
+    role and renews its lease. The coordinator starts polling its Stats (the heartbeat) at
+    once. A worker whose model fingerprint is not the fleet's is refused with
+    FAILED_PRECONDITION.
+    """
+    DeregisterWorker: _grpc.UnaryUnaryMultiCallable[_control_pb2.DeregisterWorkerRequest, _control_pb2.DeregisterWorkerResponse]
+    """A worker leaves on a clean stop: it takes no new request, and what still runs there
+    fails over.
     """
 
 @_typing.type_check_only
@@ -55,7 +61,13 @@ class ControlAsyncStub(ControlStub):
     ClusterStatus: _aio.UnaryUnaryMultiCallable[_control_pb2.ClusterStatusRequest, _control_pb2.ClusterStatusResponse]  # type: ignore[assignment]
     RegisterWorker: _aio.UnaryUnaryMultiCallable[_control_pb2.RegisterWorkerRequest, _control_pb2.RegisterWorkerResponse]  # type: ignore[assignment]
     """A worker (or its launcher) joins the cluster; registering an address again updates its
-    role. The coordinator starts polling its Stats (the heartbeat) at once.
+    role and renews its lease. The coordinator starts polling its Stats (the heartbeat) at
+    once. A worker whose model fingerprint is not the fleet's is refused with
+    FAILED_PRECONDITION.
+    """
+    DeregisterWorker: _aio.UnaryUnaryMultiCallable[_control_pb2.DeregisterWorkerRequest, _control_pb2.DeregisterWorkerResponse]  # type: ignore[assignment]
+    """A worker leaves on a clean stop: it takes no new request, and what still runs there
+    fails over.
     """
 
 class ControlServicer(metaclass=_abc_1.ABCMeta):
@@ -97,7 +109,19 @@ class ControlServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.RegisterWorkerResponse, _abc.Awaitable[_control_pb2.RegisterWorkerResponse]]:
         """A worker (or its launcher) joins the cluster; registering an address again updates its
-        role. The coordinator starts polling its Stats (the heartbeat) at once.
+        role and renews its lease. The coordinator starts polling its Stats (the heartbeat) at
+        once. A worker whose model fingerprint is not the fleet's is refused with
+        FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def DeregisterWorker(
+        self,
+        request: _control_pb2.DeregisterWorkerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.DeregisterWorkerResponse, _abc.Awaitable[_control_pb2.DeregisterWorkerResponse]]:
+        """A worker leaves on a clean stop: it takes no new request, and what still runs there
+        fails over.
         """
 
 def add_ControlServicer_to_server(servicer: ControlServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
