@@ -11,7 +11,7 @@ loopback, the link-local metadata address 169.254.169.254), so nothing here can 
 reached from any other network. `partition` takes a VM's bridge end down (the VM drops off
 the network, as a cut cable or a zone outage would) and `heal` brings it back.
 
-Namespaces are named ``<prefix><run id>-<vm>``; `sweep_leftovers` removes everything under
+Namespaces are named ``<prefix><pid>x<run id>-<vm>``; `sweep_leftovers` removes everything under
 the prefix that an earlier, killed run left behind, and `Network.close` removes the run's own
 namespaces, the processes in them and their /etc/netns files, also after a failure.
 """
@@ -97,14 +97,35 @@ def delete_namespace(namespace: str) -> None:
     shutil.rmtree(ETC_NETNS / namespace, ignore_errors=True)
 
 
-def sweep_leftovers(prefix: str = NAME_PREFIX) -> list[str]:
-    """Remove every namespace named with `prefix` (and its processes): what a run that was
-    killed before its cleanup left. The names removed."""
-    swept = [name for name in list_namespaces() if name.startswith(prefix)]
+def _owner_alive(name: str, prefix: str) -> bool:
+    """Whether the process that made namespace `name` (``<prefix><pid>x...``) still runs."""
+    pid = name[len(prefix) :].partition("x")[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_leftovers(prefix: str = NAME_PREFIX, alive_only: bool = True) -> list[str]:
+    """Remove the namespaces named with `prefix` (and their processes) that a run killed
+    before its cleanup left; with `alive_only`, spare those whose maker still runs (another
+    rehearsal on this machine). The names removed."""
+    swept = [
+        name
+        for name in list_namespaces()
+        if name.startswith(prefix) and not (alive_only and _owner_alive(name, prefix))
+    ]
     for name in swept:
         delete_namespace(name)
-    for leftover in ETC_NETNS.glob(f"{prefix}*") if ETC_NETNS.exists() else ():
-        shutil.rmtree(leftover, ignore_errors=True)
+    if ETC_NETNS.exists():
+        for leftover in ETC_NETNS.glob(f"{prefix}*"):
+            if not (alive_only and _owner_alive(leftover.name, prefix)):
+                shutil.rmtree(leftover, ignore_errors=True)
     return swept
 
 
@@ -181,7 +202,8 @@ class Network:
     """
 
     def __init__(self, run_id: str | None = None, prefix: str = NAME_PREFIX) -> None:
-        self.tag = f"{prefix}{run_id or secrets.token_hex(3)}"
+        # The maker's pid in the name lets a later sweep tell a leftover from a live run.
+        self.tag = f"{prefix}{os.getpid()}x{run_id or secrets.token_hex(2)}"
         self.bridge_namespace = f"{self.tag}-br"
         self.hosts: dict[str, Host] = {}
         self._created: list[str] = []
