@@ -71,9 +71,9 @@ def test_each_vm_has_its_own_metadata_service_at_the_real_address() -> None:
                 ).stdout  # fmt: skip
                 assert answer == f"i-{vm.name}"
             # GCP's metadata name resolves to it too, through the VM's own /etc/hosts.
-            assert "169.254.169.254 metadata.google.internal" in vms[0].run(
-                "cat", "/etc/hosts"
-            ).stdout
+            assert (
+                "169.254.169.254 metadata.google.internal" in vms[0].run("cat", "/etc/hosts").stdout
+            )
         finally:
             for server in servers:
                 server.__exit__(None, None, None)
@@ -103,14 +103,14 @@ def test_forwarder_connects_from_the_client_vm(tmp_path: Path) -> None:
         client, target = net.add_host("client"), net.add_host("target")
         with target.entered():
             server = socket.create_server((target.address, 7001))
-        with server, Forwarder(client, (target.address, 7001), tmp_path / "f.sock") as fw:
-            with socket.socket(socket.AF_UNIX) as inbound:
-                inbound.connect(str(fw.path))
-                inbound.sendall(b"ping")
-                accepted, peer = server.accept()
-                with accepted:
-                    assert accepted.recv(4) == b"ping"
-                    assert peer[0] == client.address
+        forwarder = Forwarder(client, (target.address, 7001), tmp_path / "f.sock")
+        with server, forwarder as fw, socket.socket(socket.AF_UNIX) as inbound:
+            inbound.connect(str(fw.path))
+            inbound.sendall(b"ping")
+            accepted, peer = server.accept()
+            with accepted:
+                assert accepted.recv(4) == b"ping"
+                assert peer[0] == client.address
 
 
 def test_everything_goes_when_the_block_fails_and_leftovers_are_swept() -> None:
