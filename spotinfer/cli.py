@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.coordinator",
     "spotinfer.commands.daemon",
     "spotinfer.commands.drill",
+    "spotinfer.commands.rehearse",
 )
 # What the `tools` extra installs; a node installed without it still runs its processes.
 TOOLS_EXTRA_PACKAGES = frozenset({"rich", "matplotlib", "gguf", "safetensors", "tokenizers"})

@@ -19,16 +19,19 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health_pb2_grpc import HealthStub
 
 from common.channels import sync_channel
 from protos.spotinfer.v1 import control_pb2, control_pb2_grpc
+from spotinfer.loadgen import PlannedRequest
 from spotinfer.local.metadata_servers import (
     AwsImds,
     GcpMetadata,
@@ -38,6 +41,7 @@ from spotinfer.local.metadata_servers import (
 from spotinfer.rehearsal.boot import BOOT_DIR, BootResult, boot, unit_bodies
 from spotinfer.rehearsal.forwarder import Forwarder
 from spotinfer.rehearsal.netns import METADATA_ADDRESS, Host, Network, sweep_leftovers
+from spotinfer.rehearsal.streams import reference
 from spotinfer.rehearsal.supervisor import UnitSupervisor
 from spotinfer.rehearsal.tls_redis import TlsRedis
 from spotinfer.rehearsal.unit_file import load_unit, parse_environment_file
@@ -253,11 +257,14 @@ class Rehearsal:
 
     # -- looking ---------------------------------------------------------------------
 
-    @property
-    def control(self) -> control_pb2_grpc.ControlStub:
+    def _control_channel(self) -> grpc.Channel:
         if self._channel is None:
             self._channel = sync_channel(self.coordinator_target)
-        return control_pb2_grpc.ControlStub(self._channel)
+        return self._channel
+
+    @property
+    def control(self) -> control_pb2_grpc.ControlStub:
+        return control_pb2_grpc.ControlStub(self._control_channel())
 
     def known_workers(self) -> dict[str, Any]:
         """The coordinator's ListWorkers, by worker id; empty while it does not answer."""
@@ -281,6 +288,15 @@ class Rehearsal:
             time.sleep(0.5)
         return time.monotonic() - start
 
+    def coordinator_serving(self) -> bool:
+        try:
+            reply = HealthStub(self._control_channel()).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=2
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
     def logs_tail(self, chars: int = 3000) -> str:
         parts = []
         for vm in self.vms.values():
@@ -288,6 +304,14 @@ class Rehearsal:
                 parts.append(f"--- {vm.name} {name} (starts {len(service.starts)})\n")
                 parts.append(service.output[-chars:])
         return "".join(parts)
+
+    def greedy_reference(self, planned: Sequence[PlannedRequest]) -> dict[str, list[int]]:
+        """The requests' greedy outputs straight from one registered worker (its worker
+        port, from the client VM): what every stream must equal."""
+        known = self.known_workers()
+        vm = next(vm for vm in self.nodes if vm.worker_id in known)
+        target = self.forward((vm.host.address, WORKER_PORT), f"worker-{vm.name}")
+        return reference(target, planned)
 
     def node_named(self, worker_id: str) -> Vm:
         return next(vm for vm in self.nodes if vm.worker_id == worker_id)
@@ -303,6 +327,14 @@ class Rehearsal:
 
     def heal(self, vm: Vm) -> None:
         self.network.heal(vm.host)
+
+    def terminate(self, vm: Vm) -> None:
+        """The cloud takes `vm` away (the end of a grace period): its units stop as a
+        shutdown stops them, then the VM and its link are gone."""
+        vm.stop()
+        self.nodes.remove(vm)
+        del self.vms[vm.name]
+        self.network.remove_host(vm.host)
 
     def restart_coordinator(self) -> None:
         """The coordinator process dies (SIGKILL); its unit's Restart= starts it again."""

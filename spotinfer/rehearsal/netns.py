@@ -207,6 +207,7 @@ class Network:
         self.bridge_namespace = f"{self.tag}-br"
         self.hosts: dict[str, Host] = {}
         self._created: list[str] = []
+        self._last_octet = 1  # .1 stays free; addresses are never reused within a run
         self._open = False
 
     def open(self) -> Network:
@@ -232,7 +233,8 @@ class Network:
         if name in self.hosts:
             raise ValueError(f"host {name!r} exists")
         namespace = f"{self.tag}-{name}"
-        address = f"{SUBNET_PREFIX}.{len(self.hosts) + 2}"
+        self._last_octet += 1
+        address = f"{SUBNET_PREFIX}.{self._last_octet}"
         port = f"h-{name}"[:15]  # IFNAMSIZ
         self._add_namespace(namespace)
         br = self.bridge_namespace
@@ -252,6 +254,12 @@ class Network:
         host.write_hosts()
         self.hosts[name] = host
         return host
+
+    def remove_host(self, host: Host) -> None:
+        """The VM is gone: its processes, namespace and link (the veth goes with it)."""
+        delete_namespace(host.namespace)
+        self._created.remove(host.namespace)
+        del self.hosts[host.name]
 
     def partition(self, host: Host) -> None:
         """Cut `host` off the network: its bridge end goes down, packets to and from it are

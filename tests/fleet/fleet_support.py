@@ -1,0 +1,52 @@
+"""What the fleet tests share: a booted rehearsal, its greedy references, and waits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from spotinfer.loadgen import PlannedRequest, RequestTrace
+from spotinfer.rehearsal.fleet import Rehearsal, RehearsalConfig, Vm
+
+VOCAB_SIZE = 512  # the tiny model's
+# The daemon looks at the metadata service twice a second (the default suits a real VM).
+NODE_ENVIRONMENT = {"SPOTINFER_POLL_INTERVAL_SECONDS": "0.5"}
+BOOT_TIMEOUT_SECONDS = 240.0
+
+
+@contextmanager
+def booted_fleet(model: Path, workdir: Path, cloud: str, nodes: int) -> Iterator[Rehearsal]:
+    """A rehearsal fleet whose nodes have all registered; removed afterwards, also when the
+    tests fail (the logs of every unit are in the error when it does not come up)."""
+    config = RehearsalConfig(
+        model=model, workdir=workdir, cloud=cloud, nodes=nodes, node_environment=NODE_ENVIRONMENT
+    )
+    with Rehearsal(config) as fleet:
+        fleet.wait_registered(timeout_seconds=BOOT_TIMEOUT_SECONDS)
+        yield fleet
+
+
+def greedy(fleet: Rehearsal, planned: list[PlannedRequest]) -> dict[str, list[int]]:
+    return fleet.greedy_reference(planned)
+
+
+def wait_for(condition: Callable[[], bool], timeout_seconds: float, what: str) -> float:
+    """Seconds until `condition()`; AssertionError naming `what` after `timeout_seconds`."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout_seconds:
+            raise AssertionError(f"{what}: not within {timeout_seconds:g}s")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def busiest(fleet: Rehearsal, live: list[RequestTrace]) -> Vm:
+    """The node producing the most of the streams in flight right now."""
+    counts: dict[str, int] = {}
+    for trace in live:
+        if trace.token_workers and not trace.finish_reason:
+            counts[trace.token_workers[-1]] = counts.get(trace.token_workers[-1], 0) + 1
+    assert counts, "no stream in flight"
+    return fleet.node_named(max(counts, key=lambda worker: counts[worker]))
