@@ -84,18 +84,24 @@ POOL_CLOUDS = ("aws", "gcp", "azure", "local")
 @dataclass(frozen=True)
 class PoolLabels:
     """Where a worker runs; what a fleet's pools are told apart by (the `PoolLabels` message,
-    and the worker's ``pool`` settings: ``--pool-cloud``, ``SPOTINFER_POOL_ZONE``, ...)."""
+    and the worker's ``pool`` settings: ``--cloud``, ``--zone``, ``SPOTINFER_ZONE``, ...)."""
 
     cloud: str = field(
         default="",
         metadata={
+            "flag": "cloud",
             "help": "aws | gcp | azure | local; a cloud also makes the advertised address "
-            "default to what its metadata service says"
+            "default to what its metadata service says",
         },
     )
-    zone: str = field(default="", metadata={"help": "the zone the VM runs in"})
-    instance_type: str = field(default="", metadata={"help": "the VM's instance / machine type"})
-    spot: bool = field(default=False, metadata={"help": "a spot VM (else on-demand)"})
+    zone: str = field(default="", metadata={"flag": "zone", "help": "the zone the VM runs in"})
+    instance_type: str = field(
+        default="",
+        metadata={"flag": "instance-type", "help": "the VM's instance / machine type"},
+    )
+    spot: bool = field(
+        default=False, metadata={"flag": "spot", "help": "a spot VM (else on-demand)"}
+    )
 
     def __post_init__(self) -> None:
         if self.cloud and self.cloud not in POOL_CLOUDS:

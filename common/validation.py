@@ -89,3 +89,10 @@ def check_sampling(sampling: Sampling, prompt_len: int, limits: Limits) -> None:
         raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings")
     if any(not s or len(s) > MAX_STOP_STRING_CHARS for s in sampling.stop):
         raise InvalidRequest(f"stop strings must have 1..{MAX_STOP_STRING_CHARS} characters")
+
+
+def check_host_port(address: str, what: str) -> None:
+    """``host:port`` with a port in 1..65535; raises ValueError naming ``what`` otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{what} must be host:port, got {address!r}")

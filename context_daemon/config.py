@@ -50,7 +50,22 @@ class DaemonConfig:
         default_factory=StoreConfig,
         metadata={"help": "Redis the worker persists to (for Status); no URL: none"},
     )
-    host: str = field(default="0.0.0.0", metadata={"help": "address to listen on"})
+    host: str = field(
+        default="127.0.0.1",
+        metadata={
+            "help": "address to listen on; 0.0.0.0 on a VM, where the coordinator and peer "
+            "daemons reach it (the boot unit passes it)"
+        },
+    )
+    advertise_address: str = field(
+        default="",
+        metadata={
+            "help": "the address others reach this daemon at (the host only); empty: on a "
+            "wildcard --host, the VM's private address from the notice source's metadata "
+            "service, else --host. The worker registers the daemon's address (its "
+            "--daemon-address)"
+        },
+    )
     port: int = field(
         default=DEFAULT_DAEMON_PORT, metadata={"help": "gRPC port; 0 picks a free one"}
     )

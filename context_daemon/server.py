@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.advertise import WILDCARD_HOSTS, AdvertiseError, resolve_advertise_address
 from common.channels import async_server, listen
 from common.messages import FlushReport, NoticeEvent
 from common.rpc import add_health_and_reflection, maps_errors, set_serving
@@ -135,8 +136,10 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     runner = loop.create_task(daemon.run(stop))
     await set_serving(health, [SERVICE_NAME], True)
     # One line a launcher can wait for, also when the port was picked by the OS.
+    advertised = await asyncio.to_thread(advertised_host, config)
     print(
-        f"spotinfer daemon {config.daemon_id} listening on {config.host}:{port}, "
+        f"spotinfer daemon {config.daemon_id} listening on {config.host}:{port} "
+        f"(reached at {advertised}:{port}), "
         f"notices from {config.notice_source}, worker at {config.worker_address}",
         flush=True,
     )
@@ -149,3 +152,16 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     if store is not None:
         store.close()
     return 0
+
+
+def advertised_host(config: DaemonConfig) -> str:
+    """The host others reach the daemon at (common/advertise.py); the bound host when the
+    metadata service does not say (the daemon's address is the worker's to register)."""
+    if config.advertise_address:
+        return config.advertise_address
+    cloud = config.notice_source if config.host in WILDCARD_HOSTS else ""
+    try:
+        return resolve_advertise_address(config.host, cloud, config.metadata_url)
+    except (AdvertiseError, OSError) as exc:
+        log.warning("advertised address unknown: %s", exc)
+        return config.host

@@ -17,8 +17,8 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.advertise import METADATA_CLOUDS
 from common.config_source import ConfigSource, unique_name
+from common.messages import POOL_CLOUDS
 from common.tuning_file import load_tuning_file
 from coordinator.constants import (
     DEFAULT_BATCH_QUEUE_CAPACITY,
@@ -28,6 +28,7 @@ from coordinator.constants import (
     DEFAULT_HTTP_PORT,
     DEFAULT_INTERACTIVE_QUEUE_CAPACITY,
     DEFAULT_LOST_AFTER_SECONDS,
+    DEFAULT_MAX_LEASE_TTL_SECONDS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_RECORD_RETENTION_SECONDS,
     DEFAULT_RECORD_TTL_SECONDS,
@@ -149,6 +150,13 @@ class CoordinatorConfig:
         default=DEFAULT_LOST_AFTER_SECONDS,
         metadata={"help": "a worker silent this long is lost"},
     )
+    max_lease_ttl_seconds: float = field(
+        default=DEFAULT_MAX_LEASE_TTL_SECONDS,
+        metadata={
+            "help": "the longest lease a registering worker may hold (it asks for its own "
+            "--lease-ttl-seconds); a worker not renewed within it takes no new request"
+        },
+    )
     standby_pool_size: int = field(
         default=DEFAULT_STANDBY_POOL_SIZE,
         metadata={"help": "warm standbys to keep; fewer ready is logged as a warning"},
@@ -198,14 +206,16 @@ class CoordinatorConfig:
                 f"lost_after_seconds ({self.lost_after_seconds}) must be longer than "
                 f"heartbeat_interval_seconds ({self.heartbeat_interval_seconds})"
             )
+        if self.max_lease_ttl_seconds <= 0:
+            raise ValueError("max_lease_ttl_seconds must be positive")
         if self.retention_seconds < 0:
             raise ValueError("retention_seconds must not be negative")
         if self.record_retention_seconds <= 0:
             raise ValueError("record_retention_seconds must be positive")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be at least 1024")
-        if self.cloud not in ("", *METADATA_CLOUDS):
-            raise ValueError(f"cloud must be one of {METADATA_CLOUDS} or empty, got {self.cloud!r}")
+        if self.cloud not in ("", *POOL_CLOUDS):
+            raise ValueError(f"cloud must be one of {POOL_CLOUDS} or empty, got {self.cloud!r}")
         if not self.coordinator_id:
             raise ValueError("coordinator_id must not be empty")
 

@@ -13,6 +13,8 @@ SERVER_STOP_GRACE_SECONDS = 5.0
 DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 1.0
 # A worker that has not answered Stats for this long is LOST: its requests are interrupted.
 DEFAULT_LOST_AFTER_SECONDS = 5.0
+# A worker that registers itself asks for its lease's TTL; none is kept longer than this.
+DEFAULT_MAX_LEASE_TTL_SECONDS = 30.0
 # One Stats call may not take longer than this; a slow answer counts as no answer.
 STATS_TIMEOUT_SECONDS = 2.0
 DEFAULT_STANDBY_POOL_SIZE = 0

@@ -163,8 +163,10 @@ class Registry:
         client_factory: Callable[[str], WorkerEndpoint],
         clock: Callable[[], float] = time.monotonic,
         fleet_model: FleetModel | None = None,
+        max_lease_ttl_seconds: float = math.inf,
     ) -> None:
         self.fleet_model = fleet_model or FleetModel()
+        self._max_lease_ttl_seconds = max_lease_ttl_seconds
         self._lost_after_seconds = lost_after_seconds
         self._client_factory = client_factory
         self._clock = clock
@@ -218,7 +220,9 @@ class Registry:
         if registration.lease_ttl_seconds > 0:
             if entry.awaiting_registration:
                 log.info("worker %s registered again; it takes requests", entry.worker_id)
-            entry.lease_ttl_seconds = registration.lease_ttl_seconds
+            entry.lease_ttl_seconds = min(
+                registration.lease_ttl_seconds, self._max_lease_ttl_seconds
+            )
             entry.lease_renewed_monotonic = self._clock()
             entry.awaiting_registration = False
         self.refresh()

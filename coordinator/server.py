@@ -252,6 +252,7 @@ class Coordinator:
             config.lost_after_seconds,
             lambda address: WorkerClient(address, config.max_message_bytes),
             fleet_model=FleetModel(config.model_fingerprint, config.model),
+            max_lease_ttl_seconds=config.max_lease_ttl_seconds,
         )
         self.pool = StandbyPool(self.registry, config.standby_pool_size)
         limits = AdmissionLimits(

@@ -13,9 +13,13 @@ import os
 from dataclasses import dataclass, field
 
 from common.config_source import ConfigSource, unique_name
+from common.messages import PoolLabels
+from common.validation import check_host_port
 from store.store_config import StoreConfig
 from worker.constants import (
     DEFAULT_DRAIN_GRACE_SECONDS,
+    DEFAULT_LEASE_INTERVAL_SECONDS,
+    DEFAULT_LEASE_TTL_SECONDS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
@@ -28,8 +32,59 @@ from worker.constants import (
 @dataclass(frozen=True)
 class WorkerConfig:
     model: str = field(metadata={"help": "HF-format model folder (or hub id where reachable)"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "address to listen on; 0.0.0.0 on a VM (the boot unit passes it)"},
+    )
     port: int = field(default=50061, metadata={"help": "gRPC port; 0 picks a free one"})
+    advertise_address: str = field(
+        default="",
+        metadata={
+            "help": "the address the coordinator reaches this worker at (the host only; the "
+            "port is --port's); empty: the VM's private address from the --cloud metadata "
+            "service, else --host"
+        },
+    )
+    metadata_url: str = field(
+        default="",
+        metadata={"help": "base URL of the metadata service; empty: the cloud's own address"},
+    )
+    coordinators: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "flag": "coordinator",
+            "metavar": "ADDR[,ADDR...]",
+            "help": "coordinator(s) to register with once the engine is ready, host:port, "
+            "comma-separated or repeated (replicas: every one is renewed), or one DNS name / "
+            "load balancer; none: wait to be registered (--worker on the coordinator)",
+        },
+    )
+    daemon_address: str = field(
+        default="",
+        metadata={
+            "help": "this worker's context daemon as the coordinator reaches it, host:port, "
+            "or :PORT for the advertised address; empty: none (no notices reach the "
+            "coordinator)"
+        },
+    )
+    standby: bool = field(
+        default=False, metadata={"help": "register as a warm standby, not an active worker"}
+    )
+    pool: PoolLabels = field(
+        default_factory=PoolLabels,
+        metadata={"help": "where the worker runs, sent with its registration"},
+    )
+    lease_interval_seconds: float = field(
+        default=DEFAULT_LEASE_INTERVAL_SECONDS,
+        metadata={"help": "how often the registration is renewed"},
+    )
+    lease_ttl_seconds: float = field(
+        default=DEFAULT_LEASE_TTL_SECONDS,
+        metadata={
+            "help": "how long the coordinator keeps the registration without a renewal; past "
+            "it the worker gets no new request until it registers again"
+        },
+    )
     metrics_port: int = field(
         default=0,
         metadata={"help": "serve Prometheus /metrics on this port (same host); 0: not served"},
@@ -148,6 +203,19 @@ class WorkerConfig:
             raise ValueError("drain_grace_seconds must not be negative")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be at least 1024")
+        for address in self.coordinator_addresses:
+            check_host_port(address, "coordinator")
+        if self.daemon_address and not self.daemon_address.startswith(":"):
+            check_host_port(self.daemon_address, "daemon_address")
+        if self.lease_interval_seconds <= 0:
+            raise ValueError("lease_interval_seconds must be positive")
+        if self.lease_ttl_seconds <= self.lease_interval_seconds:
+            raise ValueError(
+                f"lease_ttl_seconds ({self.lease_ttl_seconds}) must be longer than "
+                f"lease_interval_seconds ({self.lease_interval_seconds})"
+            )
+        if self.metadata_url and not self.metadata_url.startswith(("http://", "https://")):
+            raise ValueError(f"metadata_url must be an http(s) URL, got {self.metadata_url!r}")
         if self.kv_persist_policy not in KV_PERSIST_POLICIES:
             raise ValueError(
                 f"kv_persist_policy must be one of {KV_PERSIST_POLICIES}, "
@@ -157,6 +225,13 @@ class WorkerConfig:
     @property
     def effective_max_tokens_limit(self) -> int:
         return self.max_tokens_limit or self.max_model_len
+
+    @property
+    def coordinator_addresses(self) -> tuple[str, ...]:
+        """Every coordinator address, the comma-separated values split."""
+        return tuple(
+            part.strip() for value in self.coordinators for part in value.split(",") if part.strip()
+        )
 
 
 def engine_environment() -> dict[str, str]:

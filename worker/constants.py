@@ -4,6 +4,12 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_DRAIN_GRACE_SECONDS = 30.0
+# Registration with the coordinator(s): renewed every interval; the coordinator keeps it for
+# the TTL without one (three renewals may be lost before the worker leaves routing).
+DEFAULT_LEASE_INTERVAL_SECONDS = 2.0
+DEFAULT_LEASE_TTL_SECONDS = 6.0
+# One RegisterWorker / DeregisterWorker call waits this long for its answer.
+REGISTER_TIMEOUT_SECONDS = 3.0
 # gRPC's own default is 4 MiB; a 4k-token prompt as ids is ~20 KiB, so this is generous
 # while still refusing a message that could only be an attack or a bug.
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024

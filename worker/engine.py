@@ -104,6 +104,11 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------
 
+    @property
+    def fingerprint(self) -> str:
+        """The model's fingerprint, once started (see model_fingerprint.py)."""
+        return self._ctx.fingerprint
+
     async def start(self) -> None:
         """Loads the model; blocking parts run in a thread so health checks still answer."""
         ctx = self._ctx

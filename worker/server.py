@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from common.advertise import AdvertiseError, resolve_advertise_address
 from common.channels import async_server, listen
-from common.messages import WorkerCapacity
+from common.messages import Registration, WorkerCapacity
 from common.requests import GenerationRequest
 from common.rpc import add_health_and_reflection, maps_errors, set_serving
 from common.validation import check_prompt_choice, check_request_id
@@ -36,6 +37,7 @@ from worker.config import WorkerConfig
 from worker.constants import SERVER_STOP_GRACE_SECONDS
 from worker.engine import Engine, WorkerStatus
 from worker.metrics import LiveNumbers, WorkerMetrics
+from worker.registration import Registrar
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +204,12 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
     # One line a launcher can wait for, also when the port was picked by the OS.
     print(f"spotinfer worker {config.worker_id} listening on {config.host}:{port}", flush=True)
 
+    try:
+        advertised = await _advertised_address(config, port)
+    except AdvertiseError as exc:
+        log.error("%s", exc)
+        await server.stop(0)
+        return 1
     start = loop.create_task(engine.start())
     stopped = loop.create_task(stop.wait())
     await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -209,24 +217,75 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
         log.error("the engine failed to start: %s", start.exception())
         await server.stop(0)
         return 1
+    registrar: Registrar | None = None
+    renewing: asyncio.Task[None] | None = None
     if start.done():
         await set_serving(health, [SERVICE_NAME], True)
         print(f"spotinfer worker {config.worker_id} ready", flush=True)
-        await stopped
+        if config.coordinator_addresses:
+            registrar = _registrar(config, engine, advertised)
+            renewing = loop.create_task(registrar.run())
+        await asyncio.wait(
+            {stopped, *([renewing] if renewing else [])}, return_when=asyncio.FIRST_COMPLETED
+        )
     else:
         start.cancel()
 
     await set_serving(health, [SERVICE_NAME], False)
     if start.done():
+        # Still renewing while it drains: the lease must outlast the requests running here.
         aborted = await engine.drain(config.drain_grace_seconds)
         log.info("drained; %d request(s) cut at the grace limit", aborted)
+    if registrar is not None and renewing is not None:
+        renewing.cancel()
+        await asyncio.gather(renewing, return_exceptions=True)
+        await registrar.deregister(advertised)
+        await registrar.close()
     await server.stop(SERVER_STOP_GRACE_SECONDS)
     await engine.close_persistence(SERVER_STOP_GRACE_SECONDS)
     engine.shutdown()
     metrics.stop()
     if store is not None:
         store.close()
+    if registrar is not None and registrar.refusal:
+        log.error("stopped: %s", registrar.refusal)
+        return 1
     return 0
+
+
+async def _advertised_address(config: WorkerConfig, port: int) -> str:
+    """host:port the coordinator reaches this worker at (see common/advertise.py); looked up
+    only for a worker that registers itself."""
+    if config.advertise_address:
+        return f"{config.advertise_address}:{port}"
+    if not config.coordinator_addresses:
+        return f"{config.host}:{port}"
+    host = await asyncio.to_thread(
+        resolve_advertise_address, config.host, config.pool.cloud, config.metadata_url
+    )
+    return f"{host}:{port}"
+
+
+def _registrar(config: WorkerConfig, engine: Engine, advertised: str) -> Registrar:
+    host = advertised.rpartition(":")[0]
+    daemon_address = config.daemon_address
+    if daemon_address.startswith(":"):
+        daemon_address = f"{host}{daemon_address}"
+
+    def registration() -> Registration:
+        return Registration(
+            address=advertised,
+            standby=config.standby,
+            worker_id=config.worker_id,
+            daemon_address=daemon_address,
+            lease_ttl_seconds=config.lease_ttl_seconds,
+            pool=config.pool,
+            capacity=capacity(engine.status(), config.model),
+            model_fingerprint=engine.fingerprint,
+            model=config.model,
+        )
+
+    return Registrar(config.coordinator_addresses, registration, config.lease_interval_seconds)
 
 
 def live_numbers(engine: Engine) -> LiveNumbers:
