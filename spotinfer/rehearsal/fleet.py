@@ -45,6 +45,7 @@ from spotinfer.rehearsal.streams import reference
 from spotinfer.rehearsal.supervisor import UnitSupervisor
 from spotinfer.rehearsal.tls_redis import TlsRedis
 from spotinfer.rehearsal.unit_file import load_unit, parse_environment_file
+from worker.constants import DEFAULT_LEASE_INTERVAL_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class RehearsalConfig:
     """The worker unit's drop-in Environment= (small engine settings for a CPU)."""
     node_environment: Mapping[str, str] = field(default_factory=dict)
     """Environment= for every node unit (both daemon and worker), e.g. poll intervals."""
+    coordinator_environment: Mapping[str, str] = field(default_factory=dict)
+    """Environment= for the coordinator unit."""
 
     def __post_init__(self) -> None:
         if self.cloud not in CLOUDS:
@@ -227,6 +230,8 @@ class Rehearsal:
         base = unit_environment({"SSL_CERT_FILE": str(self.redis.tls.ca_cert)})
         for name in vm.boot.enabled:
             overrides: dict[str, str] = {}
+            if role == "coordinator":
+                overrides.update(self.config.coordinator_environment)
             if role == "worker":
                 overrides.update(self.config.node_environment)
                 if name == "spotinfer-worker.service":
@@ -287,6 +292,12 @@ class Rehearsal:
                 )
             time.sleep(0.5)
         return time.monotonic() - start
+
+    def lease_interval_seconds(self) -> float:
+        """How often the nodes renew their registration (their unit environment's, else
+        the worker's default)."""
+        setting = self.config.node_environment.get("SPOTINFER_LEASE_INTERVAL_SECONDS")
+        return float(setting) if setting else DEFAULT_LEASE_INTERVAL_SECONDS
 
     def coordinator_serving(self) -> bool:
         try:

@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -187,7 +188,9 @@ class Host:
         self.write_hosts()
 
     def write_hosts(self) -> None:
-        lines = ["127.0.0.1 localhost", f"{self.address} {self.name}"]
+        # A VM's own hostname resolves to its private address, as on a cloud image; the
+        # namespaces share this machine's hostname, so each maps it to its own address.
+        lines = ["127.0.0.1 localhost", f"{self.address} {self.name} {socket.gethostname()}"]
         lines += [f"{ip} {name}" for name, ip in self.hosts_entries.items()]
         directory = ETC_NETNS / self.namespace
         directory.mkdir(parents=True, exist_ok=True)

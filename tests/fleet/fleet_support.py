@@ -11,8 +11,13 @@ from spotinfer.loadgen import PlannedRequest, RequestTrace
 from spotinfer.rehearsal.fleet import Rehearsal, RehearsalConfig, Vm
 
 VOCAB_SIZE = 512  # the tiny model's
-# The daemon looks at the metadata service twice a second (the default suits a real VM).
-NODE_ENVIRONMENT = {"SPOTINFER_POLL_INTERVAL_SECONDS": "0.5"}
+# The daemon looks at the metadata service twice a second, and a lease is renewed every
+# second and lost after three (the defaults suit a real VM; a test wants it sooner).
+NODE_ENVIRONMENT = {
+    "SPOTINFER_POLL_INTERVAL_SECONDS": "0.5",
+    "SPOTINFER_LEASE_INTERVAL_SECONDS": "1",
+    "SPOTINFER_LEASE_TTL_SECONDS": "3",
+}
 BOOT_TIMEOUT_SECONDS = 240.0
 
 
