@@ -50,9 +50,14 @@ def test_worker_unit_runs_spotinfer_worker_with_its_flags() -> None:
     assert positional == ["/opt/spotinfer/venv/bin/spotinfer", "worker"]
     assert flags == {
         "--model": "${SPOTINFER_WORKER_MODEL}",
+        "--host": "0.0.0.0",
         "--port": "${SPOTINFER_WORKER_PORT}",
+        "--metrics-port": "${SPOTINFER_WORKER_METRICS_PORT}",
+        "--advertise-address": "${SPOTINFER_ADVERTISE_ADDRESS}",
         "--worker-id": "${SPOTINFER_WORKER_ID}",
         "--coordinator": "${SPOTINFER_COORDINATOR}",
+        "--daemon-address": "${SPOTINFER_ADVERTISE_ADDRESS}:${SPOTINFER_DAEMON_PORT}",
+        "--redis-url": "${SPOTINFER_REDIS_URL}",
     }
 
 
@@ -60,6 +65,10 @@ def test_daemon_unit_watches_the_clouds_notices_beside_its_worker() -> None:
     positional, flags = _command("spotinfer-daemon.service")
     assert positional == ["/opt/spotinfer/venv/bin/spotinfer", "daemon"]
     assert flags == {
+        "--host": "0.0.0.0",
+        "--port": "${SPOTINFER_DAEMON_PORT}",
+        "--advertise-address": "${SPOTINFER_ADVERTISE_ADDRESS}",
+        "--metrics-port": "${SPOTINFER_DAEMON_METRICS_PORT}",
         "--notice-source": "${SPOTINFER_NOTICE_SOURCE}",
         "--worker-address": "127.0.0.1:${SPOTINFER_WORKER_PORT}",
         "--redis-url": "${SPOTINFER_REDIS_URL}",
@@ -86,10 +95,22 @@ def test_boot_scripts_write_every_variable_the_units_read(template: str) -> None
 
 # Every unit reads the whole environment file, and each process takes SPOTINFER_<FLAG> for
 # every one of its settings: a variable written for one unit must not set another's setting.
+# The VM's own address and cloud are the same for every process of the VM, on purpose.
 SETTINGS_FROM_THE_ENV_FILE = {
-    "coordinator": {"store.url"},
-    "worker": {"store.url", "worker_id"},
-    "daemon": {"store.url", "notice_source"},
+    "coordinator": {"store.url", "advertise_address", "cloud"},
+    "worker": {
+        "store.url",
+        "worker_id",
+        "advertise_address",
+        "coordinators",
+        "pool.cloud",
+        "pool.zone",
+        "pool.instance_type",
+        "pool.spot",
+        "lease_interval_seconds",
+        "lease_ttl_seconds",
+    },
+    "daemon": {"store.url", "notice_source", "advertise_address"},
 }
 
 

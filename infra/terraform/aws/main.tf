@@ -50,6 +50,11 @@ locals {
     daemon_peer_port    = var.daemon_peer_port
     coordinator_address = "${aws_lb.coordinator["internal"].dns_name}:${var.coordinator_grpc_port}"
     coordinator_port    = var.coordinator_grpc_port
+    coordinator_http    = var.coordinator_http_port
+    worker_metrics      = var.worker_metrics_port
+    daemon_metrics      = var.daemon_metrics_port
+    lease_interval      = var.lease_interval_seconds
+    lease_ttl           = var.lease_ttl_seconds
     redis_host          = aws_elasticache_replication_group.kv.primary_endpoint_address
     redis_port          = aws_elasticache_replication_group.kv.port
     redis_secret_arn    = aws_secretsmanager_secret.redis_auth.arn

@@ -39,6 +39,11 @@ locals {
     daemon_peer_port    = var.daemon_peer_port
     coordinator_address = "${google_compute_address.coordinator_internal.address}:${var.coordinator_grpc_port}"
     coordinator_port    = var.coordinator_grpc_port
+    coordinator_http    = var.coordinator_http_port
+    worker_metrics      = var.worker_metrics_port
+    daemon_metrics      = var.daemon_metrics_port
+    lease_interval      = var.lease_interval_seconds
+    lease_ttl           = var.lease_ttl_seconds
     redis_host          = google_redis_instance.kv.host
     redis_port          = google_redis_instance.kv.port
     redis_ca_pem        = google_redis_instance.kv.server_ca_certs[0].cert

@@ -133,6 +133,30 @@ variable "coordinator_http_port" {
   default     = 8000
 }
 
+variable "worker_metrics_port" {
+  description = "Port of each worker's Prometheus /metrics endpoint (served on the VM's address; no ingress rule opens it: add one for your scraper)."
+  type        = number
+  default     = 9400
+}
+
+variable "daemon_metrics_port" {
+  description = "Port of each context daemon's Prometheus /metrics endpoint (as worker_metrics_port)."
+  type        = number
+  default     = 9401
+}
+
+variable "lease_interval_seconds" {
+  description = "How often each worker renews its registration with the coordinator."
+  type        = number
+  default     = 2
+}
+
+variable "lease_ttl_seconds" {
+  description = "How long the coordinator keeps a worker's registration without a renewal; past it the worker takes no new request until it registers again."
+  type        = number
+  default     = 6
+}
+
 # ---------------------------------------------------------------------------------------------
 # Worker fleet
 # ---------------------------------------------------------------------------------------------
