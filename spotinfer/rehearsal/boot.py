@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spotinfer.fleet.render import render_template
 from spotinfer.local.managed_process import REPO_ROOT
 
 BOOT_DIR = REPO_ROOT / "infra" / "boot"
@@ -46,40 +47,10 @@ case "$*" in
   *) echo "rehearsal: $0 $* is not available" >&2; exit 1 ;;
 esac
 """
-_FOR_UNITS = re.compile(
-    r"%\{ for name, body in units ~\}\n(?P<body>.*?)%\{ endfor ~\}\n", re.DOTALL
-)
 # A VM path where a word starts (not inside another path), followed by /, a quote or a space.
 _VM_PATH = re.compile(
     r"(?<![\w/.-])(?:" + "|".join(map(re.escape, VM_PATHS)) + r")(?=[/\s'\"]|$)", re.MULTILINE
 )
-_INTERPOLATION = re.compile(r"(?<!\$)\$\{([^}]*)\}")
-
-
-def render_template(text: str, values: Mapping[str, Any]) -> str:
-    """Terraform's ``templatefile`` for what the boot templates use: ``${name}``, the
-    ``%{ for name, body in units ~}`` loop and ``${join(" ", keys(units))}``."""
-    units: Mapping[str, str] = values.get("units", {})
-
-    def loop(match: re.Match[str]) -> str:
-        return "".join(
-            _interpolate(match.group("body"), {**values, "name": name, "body": body})
-            for name, body in units.items()
-        )
-
-    return _interpolate(_FOR_UNITS.sub(loop, text), values).replace("$${", "${")
-
-
-def _interpolate(text: str, values: Mapping[str, Any]) -> str:
-    def one(match: re.Match[str]) -> str:
-        expression = match.group(1).strip()
-        if expression == 'join(" ", keys(units))':
-            return " ".join(values["units"])
-        if expression not in values:
-            raise KeyError(f"the template needs {expression!r}, which was not given")
-        return str(values[expression])
-
-    return _INTERPOLATION.sub(one, text)
 
 
 @dataclass(frozen=True)
@@ -102,8 +73,8 @@ def boot(
     redis_token: str,
     wrap: Callable[[Sequence[str]], list[str]] = list,
 ) -> BootResult:
-    """Render `template` with Terraform's `values`, run it in the VM (`wrap`), and return
-    what it wrote under `root`."""
+    """Render `template` with Terraform's `values` (spotinfer.fleet.render, Terraform's
+    templatefile), run it in the VM (`wrap`), and return what it wrote under `root`."""
     units: Mapping[str, str] = values["units"]
     placeholders = {name: f"@@UNIT:{name}@@" for name in units}
     install = _INSTALL_STAND_IN.replace("ENABLED_UNITS", ENABLED_UNITS_FILE)

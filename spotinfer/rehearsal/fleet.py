@@ -31,6 +31,7 @@ from grpc_health.v1.health_pb2_grpc import HealthStub
 
 from common.channels import sync_channel
 from protos.spotinfer.v1 import control_pb2, control_pb2_grpc
+from spotinfer.fleet.render import parse_env_file
 from spotinfer.loadgen import PlannedRequest
 from spotinfer.local.metadata_servers import (
     AwsImds,
@@ -44,8 +45,8 @@ from spotinfer.rehearsal.netns import METADATA_ADDRESS, Host, Network, sweep_lef
 from spotinfer.rehearsal.streams import reference
 from spotinfer.rehearsal.supervisor import UnitSupervisor
 from spotinfer.rehearsal.tls_redis import TlsRedis
-from spotinfer.rehearsal.unit_file import load_unit, parse_environment_file
-from worker.constants import DEFAULT_LEASE_INTERVAL_SECONDS
+from spotinfer.rehearsal.unit_file import load_unit
+from worker.constants import DEFAULT_LEASE_INTERVAL_SECONDS, DEFAULT_LEASE_TTL_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ NODE_UNITS = ("spotinfer-daemon.service", "spotinfer-worker.service")
 COORDINATOR_PORT = 50051
 WORKER_PORT = 50061
 DAEMON_PEER_PORT = 50062
+# The Terraform modules' defaults (infra/terraform/*/variables.tf).
+COORDINATOR_HTTP_PORT = 8000
+WORKER_METRICS_PORT = 9400
+DAEMON_METRICS_PORT = 9401
 METADATA_PORT = 80
 # What a small CPU rehearsal needs of a worker, given as a systemd drop-in would
 # (Environment= of /etc/systemd/system/spotinfer-worker.service.d/rehearsal.conf).
@@ -92,6 +97,10 @@ class RehearsalConfig:
     """Environment= for every node unit (both daemon and worker), e.g. poll intervals."""
     coordinator_environment: Mapping[str, str] = field(default_factory=dict)
     """Environment= for the coordinator unit."""
+    lease_interval_seconds: float = DEFAULT_LEASE_INTERVAL_SECONDS
+    """Terraform's ``lease_interval_seconds``: how often a worker renews its registration."""
+    lease_ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS
+    """Terraform's ``lease_ttl_seconds``: a registration's life without a renewal."""
 
     def __post_init__(self) -> None:
         if self.cloud not in CLOUDS:
@@ -113,7 +122,7 @@ class Vm:
 
     @property
     def environment(self) -> dict[str, str]:
-        return parse_environment_file(self.boot.env_file.read_text())
+        return parse_env_file(self.boot.env_file.read_text())
 
     @property
     def worker_id(self) -> str:
@@ -125,6 +134,11 @@ class Vm:
             service.stop_for(timeout_seconds)
         with contextlib.suppress(Exception):
             self.metadata.__exit__(None, None, None)
+
+
+def _terraform_number(value: float) -> str:
+    """A number as Terraform prints it in a template: 2, not 2.0."""
+    return f"{value:g}"
 
 
 def unit_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -186,6 +200,11 @@ class Rehearsal:
             "daemon_peer_port": DAEMON_PEER_PORT,
             "coordinator_address": f"{coordinator_ip}:{COORDINATOR_PORT}",
             "coordinator_port": COORDINATOR_PORT,
+            "coordinator_http": COORDINATOR_HTTP_PORT,
+            "worker_metrics": WORKER_METRICS_PORT,
+            "daemon_metrics": DAEMON_METRICS_PORT,
+            "lease_interval": _terraform_number(self.config.lease_interval_seconds),
+            "lease_ttl": _terraform_number(self.config.lease_ttl_seconds),
             "redis_host": self.redis.host.address,
             "redis_port": self.redis.port,
             "redis_secret_arn": "arn:aws:secretsmanager:us-east-1:000000000000:secret:redis",
@@ -292,12 +311,6 @@ class Rehearsal:
                 )
             time.sleep(0.5)
         return time.monotonic() - start
-
-    def lease_interval_seconds(self) -> float:
-        """How often the nodes renew their registration (their unit environment's, else
-        the worker's default)."""
-        setting = self.config.node_environment.get("SPOTINFER_LEASE_INTERVAL_SECONDS")
-        return float(setting) if setting else DEFAULT_LEASE_INTERVAL_SECONDS
 
     def coordinator_serving(self) -> bool:
         try:

@@ -25,13 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spotinfer.fleet.render import expand_exec_start, parse_env_file
 from spotinfer.local.managed_process import ManagedProcess
-from spotinfer.rehearsal.unit_file import (
-    ServiceUnit,
-    UnitError,
-    expand_command,
-    parse_environment_file,
-)
+from spotinfer.rehearsal.unit_file import ServiceUnit, UnitError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -104,14 +100,16 @@ class UnitSupervisor(ManagedProcess):
                 if optional:
                     continue
                 raise UnitError(f"{self.unit.name}: EnvironmentFile {entry} ({path}) missing")
-            unit_env.update(parse_environment_file(path.read_text()))
+            unit_env.update(parse_env_file(path.read_text()))
         unit_env.update(self._overrides)
         environment.update({name: self.map_path(value) for name, value in unit_env.items()})
         return environment
 
     def argv(self, environment: Mapping[str, str] | None = None) -> list[str]:
         """ExecStart expanded against the environment, binary and paths mapped."""
-        words = expand_command(self.unit.exec_start, environment or self.environment())
+        words = expand_exec_start(self.unit.exec_start, environment or self.environment())
+        if words and words[0][:1] in "-@+!:":
+            words[0] = words[0].lstrip("-@+!:")  # prefixes that change how systemd runs it
         binary = self._binaries.get(words[0]) if words else None
         head = list(binary) if binary is not None else [self.map_path(words[0])]
         return head + [self.map_path(word) for word in words[1:]]

@@ -1,8 +1,8 @@
 """A systemd .service file, read as systemd reads the parts a rehearsal runs.
 
 Honoured: ``EnvironmentFile=`` (a leading ``-`` makes it optional), ``Environment=``,
-``ExecStart=`` (words split and quoted as systemd does, ``${VAR}`` one word even when empty,
-``$VAR`` split on whitespace, ``$$`` a dollar), ``Restart=`` (no, always, on-failure),
+``ExecStart=`` (expanded by spotinfer.fleet.render.expand_exec_start, as systemd does),
+``Restart=`` (no, always, on-failure),
 ``RestartSec=``, ``TimeoutStopSec=`` and ``KillSignal=``. Everything else of ``[Service]``
 (``User=``, ``ProtectSystem=``, ``LimitNOFILE=`` ...) is kept in `ignored` so a supervisor
 can say what it did not apply.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import shlex
 import signal
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +30,6 @@ HONOURED = frozenset(
 RESTART_POLICIES = ("no", "always", "on-failure")
 DEFAULT_RESTART_SEC = 0.1  # systemd's default
 DEFAULT_TIMEOUT_STOP_SEC = 90.0
-_VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _TIME_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
 
 
@@ -142,39 +140,3 @@ def parse_unit(text: str, name: str = "unit.service") -> ServiceUnit:
 
 def load_unit(path: Path) -> ServiceUnit:
     return parse_unit(path.read_text(), path.name)
-
-
-def parse_environment_file(text: str) -> dict[str, str]:
-    """``KEY=VALUE`` lines, ``#`` comments, values optionally quoted (systemd's rules)."""
-    environment: dict[str, str] = {}
-    for line in _logical_lines(text):
-        name, sep, value = line.partition("=")
-        if not sep:
-            continue  # systemd ignores (and logs) such a line
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        environment[name.strip()] = value
-    return environment
-
-
-def expand_command(command: str, environment: Mapping[str, str]) -> list[str]:
-    """ExecStart's argv: split into words first; then in each word ``${VAR}`` is replaced by
-    the value (the word stays one word, empty or not) and a word that is exactly ``$VAR``
-    becomes the value's whitespace-separated words (none when empty)."""
-    argv: list[str] = []
-    for word in shlex.split(command):
-        bare = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", word)
-        if bare:
-            argv.extend(environment.get(bare.group(1), "").split())
-            continue
-        argv.append(_VARIABLE.sub(lambda m: _substitute(m, environment), word))
-    if argv and argv[0][:1] in "-@+!:":
-        argv[0] = argv[0].lstrip("-@+!:")  # prefixes that change how systemd runs it
-    return argv
-
-
-def _substitute(match: re.Match[str], environment: Mapping[str, str]) -> str:
-    if match.group(0) == "$$":
-        return "$"
-    return environment.get(match.group(1) or match.group(2), "")

@@ -11,13 +11,11 @@ from spotinfer.loadgen import PlannedRequest, RequestTrace
 from spotinfer.rehearsal.fleet import Rehearsal, RehearsalConfig, Vm
 
 VOCAB_SIZE = 512  # the tiny model's
-# The daemon looks at the metadata service twice a second, and a lease is renewed every
-# second and lost after three (the defaults suit a real VM; a test wants it sooner).
-NODE_ENVIRONMENT = {
-    "SPOTINFER_POLL_INTERVAL_SECONDS": "0.5",
-    "SPOTINFER_LEASE_INTERVAL_SECONDS": "1",
-    "SPOTINFER_LEASE_TTL_SECONDS": "3",
-}
+# The daemon looks at the metadata service twice a second (the default suits a real VM).
+NODE_ENVIRONMENT = {"SPOTINFER_POLL_INTERVAL_SECONDS": "0.5"}
+# Terraform's lease variables: renewed every second, lost after three.
+LEASE_INTERVAL_SECONDS = 1.0
+LEASE_TTL_SECONDS = 3.0
 BOOT_TIMEOUT_SECONDS = 240.0
 
 
@@ -26,7 +24,13 @@ def booted_fleet(model: Path, workdir: Path, cloud: str, nodes: int) -> Iterator
     """A rehearsal fleet whose nodes have all registered; removed afterwards, also when the
     tests fail (the logs of every unit are in the error when it does not come up)."""
     config = RehearsalConfig(
-        model=model, workdir=workdir, cloud=cloud, nodes=nodes, node_environment=NODE_ENVIRONMENT
+        model=model,
+        workdir=workdir,
+        cloud=cloud,
+        nodes=nodes,
+        node_environment=NODE_ENVIRONMENT,
+        lease_interval_seconds=LEASE_INTERVAL_SECONDS,
+        lease_ttl_seconds=LEASE_TTL_SECONDS,
     )
     with Rehearsal(config) as fleet:
         fleet.wait_registered(timeout_seconds=BOOT_TIMEOUT_SECONDS)

@@ -133,7 +133,7 @@ def test_a_restarted_coordinator_knows_every_node_within_one_lease_interval(
     wait_for(lambda: not fleet.known_workers(), 30, "the coordinator to go")
     wait_for(lambda: fleet.coordinator_serving(), 60, "its unit to start it again")
     relearnt = wait_for(lambda: nodes <= set(fleet.known_workers()), 60, "every node known again")
-    assert relearnt <= fleet.lease_interval_seconds() + 1.0
+    assert relearnt <= fleet.config.lease_interval_seconds + 1.0
     result = verdict(streams.join(), greedy(fleet, planned))
     assert result.exactly_once and not result.mismatches, result.problems()
 

@@ -10,13 +10,7 @@ from pathlib import Path
 import pytest
 
 from spotinfer.rehearsal.supervisor import INSTALLED_BINARY, UnitSupervisor
-from spotinfer.rehearsal.unit_file import (
-    UnitError,
-    expand_command,
-    parse_environment_file,
-    parse_seconds,
-    parse_unit,
-)
+from spotinfer.rehearsal.unit_file import UnitError, parse_seconds, parse_unit
 from tests.support.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -25,14 +19,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def unit(exec_start: str, **service: str) -> str:
     lines = [f"{key}={value}" for key, value in service.items()]
     return "\n".join(["[Unit]", "Description=x", "[Service]", f"ExecStart={exec_start}", *lines])
-
-
-def test_expansion_follows_systemd() -> None:
-    env = {"PORT": "7", "EMPTY": "", "WORDS": "a b"}
-    assert expand_command("run --port ${PORT} --x ${EMPTY} $WORDS $EMPTY", env) == [
-        "run", "--port", "7", "--x", "", "a", "b",
-    ]  # fmt: skip
-    assert expand_command("run '${PORT} q' $$HOME", env) == ["run", "7 q", "$HOME"]
 
 
 def test_unit_settings_are_read_and_the_rest_listed() -> None:
@@ -67,7 +53,6 @@ def test_a_unit_without_exec_start_or_with_an_unknown_restart_is_refused() -> No
 def test_environment_file_values_win_and_paths_are_mapped(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "app.env").write_text("# comment\nA=file\nC='quoted'\nD=/etc/app/x\n")
-    assert parse_environment_file("A=1\nB = '2'\n") == {"A": "1", "B": "2"}
     service = UnitSupervisor(
         parse_unit(
             unit(
