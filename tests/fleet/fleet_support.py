@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from spotinfer.loadgen import PlannedRequest, RequestTrace
-from spotinfer.rehearsal.fleet import Rehearsal, RehearsalConfig, Vm
+from spotinfer.rehearsal.fleet import SMALL_WORKER, Rehearsal, RehearsalConfig, Vm
+from spotinfer.rehearsal.streams import Streams
 
 VOCAB_SIZE = 512  # the tiny model's
 # The daemon looks at the metadata service twice a second (the default suits a real VM).
@@ -17,6 +18,12 @@ NODE_ENVIRONMENT = {"SPOTINFER_POLL_INTERVAL_SECONDS": "0.5"}
 LEASE_INTERVAL_SECONDS = 1.0
 LEASE_TTL_SECONDS = 3.0
 BOOT_TIMEOUT_SECONDS = 240.0
+# Room for the notice tests' streams: many at once keep each one slow enough (the tiny
+# model decodes hundreds of tokens a second) that a notice lands well before its end.
+WORKER_ENVIRONMENT = {**SMALL_WORKER, "SPOTINFER_MAX_NUM_SEQS": "32"}
+NOTICE_STREAMS = 32
+NOTICE_OUTPUT = (940, 960)
+NOTICE_AFTER_TOKENS = 150  # past the first full KV block (128 tokens): it is persisted
 
 
 @contextmanager
@@ -29,6 +36,7 @@ def booted_fleet(model: Path, workdir: Path, cloud: str, nodes: int) -> Iterator
         cloud=cloud,
         nodes=nodes,
         node_environment=NODE_ENVIRONMENT,
+        worker_environment=WORKER_ENVIRONMENT,
         lease_interval_seconds=LEASE_INTERVAL_SECONDS,
         lease_ttl_seconds=LEASE_TTL_SECONDS,
     )
@@ -59,3 +67,7 @@ def busiest(fleet: Rehearsal, live: list[RequestTrace]) -> Vm:
             counts[trace.token_workers[-1]] = counts.get(trace.token_workers[-1], 0) + 1
     assert counts, "no stream in flight"
     return fleet.node_named(max(counts, key=lambda worker: counts[worker]))
+
+
+def every_stream_past(streams: Streams, tokens: int, count: int) -> bool:
+    return len(streams.live) >= count and min(len(t.token_ids) for t in streams.live) >= tokens

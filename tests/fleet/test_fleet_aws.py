@@ -17,7 +17,17 @@ import pytest
 from protos.spotinfer.v1 import control_pb2
 from spotinfer.rehearsal.fleet import COORDINATOR_UNITS, Rehearsal
 from spotinfer.rehearsal.streams import Streams, plan, run_streams, verdict
-from tests.fleet.fleet_support import VOCAB_SIZE, booted_fleet, busiest, greedy, wait_for
+from tests.fleet.fleet_support import (
+    NOTICE_AFTER_TOKENS,
+    NOTICE_OUTPUT,
+    NOTICE_STREAMS,
+    VOCAB_SIZE,
+    booted_fleet,
+    busiest,
+    every_stream_past,
+    greedy,
+    wait_for,
+)
 
 pytestmark = pytest.mark.usefixtures("namespaces")
 
@@ -52,15 +62,17 @@ def test_from_nothing_three_nodes_register_and_serve_16_streams_exactly_once(
 def test_an_aws_notice_migrates_the_nodes_requests_with_nothing_recomputed(
     fleet: Rehearsal,
 ) -> None:
-    planned = plan(8, "aws-notice", VOCAB_SIZE, output_tokens=LONG_OUTPUT)
+    planned = plan(NOTICE_STREAMS, "aws-notice", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
     streams = Streams(fleet.coordinator_target, planned).start()
-    wait_for(lambda: streams.tokens_so_far() >= 8 * 24, 120, "streams under way")
+    wait_for(
+        lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, NOTICE_STREAMS), 120, "mid-stream"
+    )
     noticed = busiest(fleet, streams.live)
     fleet.notice(noticed)
     traces = streams.join()
     result = verdict(traces, greedy(fleet, planned))
-    assert result.problems(zero_recompute=True) == []
-    assert result.migrations >= 1
+    assert result.problems(zero_recompute=True) == [], fleet.logs_tail()
+    assert result.migrations >= 1, fleet.logs_tail()
     moved = [t for t in traces if noticed.worker_id in t.token_workers]
     assert moved and all(t.token_workers[-1] != noticed.worker_id for t in moved)
     fleet.terminate(noticed)  # the end of the grace period
@@ -77,7 +89,7 @@ def test_a_node_booted_mid_run_takes_load_with_no_coordinator_change(fleet: Rehe
     traces = run_streams(fleet.coordinator_target, second)
     earlier = first.join()
     result = verdict(traces + earlier, greedy(fleet, second + first.planned))
-    assert result.problems() == []
+    assert result.problems() == [], fleet.logs_tail()
     assert any(new.worker_id in t.token_workers for t in traces), "the new node served nothing"
     assert len(coordinator.starts) == starts_before  # no restart, no flag change
 
@@ -85,9 +97,11 @@ def test_a_node_booted_mid_run_takes_load_with_no_coordinator_change(fleet: Rehe
 def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
     fleet: Rehearsal,
 ) -> None:
-    planned = plan(6, "partition", VOCAB_SIZE, output_tokens=LONG_OUTPUT)
+    planned = plan(NOTICE_STREAMS, "partition", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
     streams = Streams(fleet.coordinator_target, planned).start()
-    wait_for(lambda: streams.tokens_so_far() >= 6 * 24, 120, "streams under way")
+    wait_for(
+        lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, NOTICE_STREAMS), 120, "mid-stream"
+    )
     cut = busiest(fleet, streams.live)
     fleet.partition(cut)
     partitioned_at = time.perf_counter()
@@ -114,7 +128,7 @@ def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
     probe_traces = [t for probe in probes for t in probe.join()]
     everything = planned + [p for probe in probes for p in probe.planned]
     result = verdict(traces + probe_traces, greedy(fleet, everything))
-    assert result.exactly_once and not result.mismatches, result.problems()
+    assert result.exactly_once and not result.mismatches, (result.problems(), fleet.logs_tail())
     before_return = [
         t for t in probe_traces if t.token_times and t.token_times[0] < registered_again_at
     ]
@@ -125,9 +139,11 @@ def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
 def test_a_restarted_coordinator_knows_every_node_within_one_lease_interval(
     fleet: Rehearsal,
 ) -> None:
-    planned = plan(6, "coordinator-restart", VOCAB_SIZE, output_tokens=LONG_OUTPUT)
+    planned = plan(NOTICE_STREAMS, "restart", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
     streams = Streams(fleet.coordinator_target, planned).start()
-    wait_for(lambda: streams.tokens_so_far() >= 6 * 16, 120, "streams under way")
+    wait_for(
+        lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, NOTICE_STREAMS), 120, "mid-stream"
+    )
     nodes = {vm.worker_id for vm in fleet.nodes if vm.services}
     fleet.restart_coordinator()
     wait_for(lambda: not fleet.known_workers(), 30, "the coordinator to go")
@@ -135,7 +151,7 @@ def test_a_restarted_coordinator_knows_every_node_within_one_lease_interval(
     relearnt = wait_for(lambda: nodes <= set(fleet.known_workers()), 60, "every node known again")
     assert relearnt <= fleet.config.lease_interval_seconds + 1.0
     result = verdict(streams.join(), greedy(fleet, planned))
-    assert result.exactly_once and not result.mismatches, result.problems()
+    assert result.exactly_once and not result.mismatches, (result.problems(), fleet.logs_tail())
 
 
 def _state(fleet: Rehearsal, worker_id: str) -> str:
