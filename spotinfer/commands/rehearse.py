@@ -31,7 +31,10 @@ def register(subparsers: Any) -> None:
     rehearse.add_argument("--requests", type=int, default=8)
     rehearse.add_argument("--output-tokens", default="48,64", help="range low,high")
     rehearse.add_argument(
-        "--notice", action="store_true", help="a termination notice on the busiest node"
+        "--notice",
+        action="store_true",
+        help="a termination notice on the busiest node, a third of the way through (give "
+        "it long, many streams: --requests 32 --output-tokens 940,960)",
     )
     rehearse.add_argument(
         "--memory-gib", type=float, default=0.5, help="per worker (weights + KV + reserve)"
@@ -115,9 +118,12 @@ def run_rehearse(args: argparse.Namespace) -> int:
 
 
 def _notice_mid_stream(fleet: Any, streams: Any, console: Any) -> None:
+    """A third of the way through the planned tokens, the busiest node's metadata service
+    announces its termination."""
+    third = sum(p.max_tokens for p in streams.planned) // 3
     deadline = time.monotonic() + 120
-    while streams.tokens_so_far() < 8 * len(streams.planned) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while streams.tokens_so_far() < third and time.monotonic() < deadline:
+        time.sleep(0.02)
     counts: dict[str, int] = {}
     for trace in streams.live:
         if trace.token_workers and not trace.finish_reason:
