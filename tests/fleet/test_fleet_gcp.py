@@ -42,5 +42,6 @@ def test_a_gcp_preemption_migrates_the_nodes_requests_with_nothing_recomputed(
         logs = fleet.logs_tail()
     assert result.problems(zero_recompute=True) == [], logs
     assert result.migrations >= 1, logs
-    moved = [t for t in traces if noticed.worker_id in t.token_workers]
+    moved = [t for t in traces if any(e.kind == "migrated" for e in t.events)]
     assert moved and all(t.token_workers[-1] != noticed.worker_id for t in moved)
+    assert all(noticed.worker_id in t.token_workers for t in moved)
