@@ -21,7 +21,7 @@ BOOT_TIMEOUT_SECONDS = 240.0
 # Room for the notice tests' streams: many at once keep each one slow enough (the tiny
 # model decodes hundreds of tokens a second) that a notice lands well before its end.
 WORKER_ENVIRONMENT = {**SMALL_WORKER, "SPOTINFER_MAX_NUM_SEQS": "32"}
-NOTICE_STREAMS = 32
+STREAMS_PER_NODE = 16  # as the rehearsal benchmark, where every notice moved streams
 NOTICE_OUTPUT = (940, 960)
 NOTICE_AFTER_TOKENS = 150  # past the first full KV block (128 tokens): it is persisted
 
@@ -71,3 +71,8 @@ def busiest(fleet: Rehearsal, live: list[RequestTrace]) -> Vm:
 
 def every_stream_past(streams: Streams, tokens: int, count: int) -> bool:
     return len(streams.live) >= count and min(len(t.token_ids) for t in streams.live) >= tokens
+
+
+def notice_streams(fleet: Rehearsal) -> int:
+    """How many long streams a disturbance test sends: enough to load every node alike."""
+    return STREAMS_PER_NODE * len(fleet.nodes)

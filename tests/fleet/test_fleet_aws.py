@@ -20,12 +20,12 @@ from spotinfer.rehearsal.streams import Streams, plan, run_streams, verdict
 from tests.fleet.fleet_support import (
     NOTICE_AFTER_TOKENS,
     NOTICE_OUTPUT,
-    NOTICE_STREAMS,
     VOCAB_SIZE,
     booted_fleet,
     busiest,
     every_stream_past,
     greedy,
+    notice_streams,
     wait_for,
 )
 
@@ -62,11 +62,10 @@ def test_from_nothing_three_nodes_register_and_serve_16_streams_exactly_once(
 def test_an_aws_notice_migrates_the_nodes_requests_with_nothing_recomputed(
     fleet: Rehearsal,
 ) -> None:
-    planned = plan(NOTICE_STREAMS, "aws-notice", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
+    count = notice_streams(fleet)
+    planned = plan(count, "aws-notice", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
     streams = Streams(fleet.coordinator_target, planned).start()
-    wait_for(
-        lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, NOTICE_STREAMS), 120, "mid-stream"
-    )
+    wait_for(lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count), 120, "mid-stream")
     noticed = busiest(fleet, streams.live)
     fleet.notice(noticed)
     traces = streams.join()
@@ -100,11 +99,10 @@ def test_a_node_booted_mid_run_takes_load_with_no_coordinator_change(fleet: Rehe
 def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
     fleet: Rehearsal,
 ) -> None:
-    planned = plan(NOTICE_STREAMS, "partition", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
+    count = notice_streams(fleet)
+    planned = plan(count, "partition", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
     streams = Streams(fleet.coordinator_target, planned).start()
-    wait_for(
-        lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, NOTICE_STREAMS), 120, "mid-stream"
-    )
+    wait_for(lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count), 120, "mid-stream")
     cut = busiest(fleet, streams.live)
     fleet.partition(cut)
     partitioned_at = time.perf_counter()
@@ -142,11 +140,10 @@ def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
 def test_a_restarted_coordinator_knows_every_node_within_one_lease_interval(
     fleet: Rehearsal,
 ) -> None:
-    planned = plan(NOTICE_STREAMS, "restart", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
+    count = notice_streams(fleet)
+    planned = plan(count, "restart", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
     streams = Streams(fleet.coordinator_target, planned).start()
-    wait_for(
-        lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, NOTICE_STREAMS), 120, "mid-stream"
-    )
+    wait_for(lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count), 120, "mid-stream")
     nodes = {vm.worker_id for vm in fleet.nodes if vm.services}
     fleet.restart_coordinator()
     wait_for(lambda: not fleet.known_workers(), 30, "the coordinator to go")

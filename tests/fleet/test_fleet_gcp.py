@@ -11,11 +11,11 @@ from spotinfer.rehearsal.streams import Streams, plan, verdict
 from tests.fleet.fleet_support import (
     NOTICE_AFTER_TOKENS,
     NOTICE_OUTPUT,
-    NOTICE_STREAMS,
     VOCAB_SIZE,
     booted_fleet,
     busiest,
     every_stream_past,
+    notice_streams,
     wait_for,
 )
 
@@ -28,10 +28,11 @@ def test_a_gcp_preemption_migrates_the_nodes_requests_with_nothing_recomputed(
     with booted_fleet(tiny_model, tmp_path, "gcp", 2) as fleet:
         assert all(vm.worker_id.startswith("spotinfer-node") for vm in fleet.nodes)
         assert all("ssl_ca_certs=" in vm.environment["SPOTINFER_REDIS_URL"] for vm in fleet.nodes)
-        planned = plan(NOTICE_STREAMS, "gcp-notice", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
+        count = notice_streams(fleet)
+        planned = plan(count, "gcp-notice", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
         streams = Streams(fleet.coordinator_target, planned).start()
         wait_for(
-            lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, NOTICE_STREAMS),
+            lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count),
             120,
             "mid-stream",
         )
