@@ -126,6 +126,7 @@ class HttpFront:
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await _json_body(request)
+            await self._dispatcher.tokenizer.ready()
             relay = self._start(body, chat)
             stream = bool(body.get("stream", False))
         except Exception as exc:

@@ -3,11 +3,15 @@ here, so both fronts send workers token ids and validate lengths before any work
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common.errors import InvalidRequest
 from coordinator.constants import SPAN_CONTEXT_TOKENS
+
+log = logging.getLogger(__name__)
 
 
 class PromptTokenizer:
@@ -18,6 +22,7 @@ class PromptTokenizer:
     def __init__(self, model: str) -> None:
         self._model = model
         self._tokenizer: Any = None
+        self._loading: asyncio.Task[None] | None = None
 
     def load(self) -> None:
         if not self._model:
@@ -31,6 +36,26 @@ class PromptTokenizer:
         workers registered with). Blocking: call it in a thread."""
         self._model = model
         self.load()
+
+    def start_loading(self, model: str) -> None:
+        """`load_from` in a thread, in a task of its own (call it from the event loop): the
+        first call starts it, later ones do nothing. A request with a text prompt waits for
+        it (`ready`); a registration does not."""
+        if self._loading is not None or self._tokenizer is not None or not model:
+            return
+        self._loading = asyncio.get_running_loop().create_task(self._load_logged(model))
+
+    async def _load_logged(self, model: str) -> None:
+        try:
+            await asyncio.to_thread(self.load_from, model)
+            log.info("tokenizer of %s loaded (the model the workers registered)", model)
+        except Exception as exc:  # a hub id this host cannot reach: token ids still work
+            log.warning("could not load the tokenizer of %s: %s", model, exc)
+
+    async def ready(self) -> None:
+        """Returns once a load `start_loading` began has ended (at once if none did)."""
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
 
     @property
     def loaded(self) -> bool:

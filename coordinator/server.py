@@ -94,6 +94,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     ) -> AsyncIterator[common_pb2.GenerateResponse]:
         relay = self._dispatcher.existing(request.request_id)
         if relay is None:
+            await self._dispatcher.tokenizer.ready()
             prompt_ids = self._dispatcher.prompt_ids(request.prompt, request.prompt_token_ids)
             relay = self._dispatcher.submit(
                 request.request_id,
@@ -175,6 +176,8 @@ class ControlService(control_pb2_grpc.ControlServicer):
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
         entry, known = self._registry.register(registration)
+        # Without --model, the tokenizer of the first registered model (text prompts wait).
+        self._dispatcher.tokenizer.start_loading(self._registry.fleet_model.model)
         self._migrations.watch(entry)
         if not known:
             self._on_registered(entry)
@@ -351,15 +354,7 @@ class Coordinator:
             self.migrations.watch(entry)
 
     async def registered(self, entry: WorkerEntry) -> None:
-        """A new worker: ask its Stats now rather than at the next beat; without --model, the
-        first registered model's tokenizer is loaded (text and chat prompts work from then)."""
-        tokenizer = self.dispatcher.tokenizer
-        model = self.registry.fleet_model.model
-        if not tokenizer.loaded and model:
-            try:
-                await asyncio.to_thread(tokenizer.load_from, model)
-            except Exception as exc:  # a hub id this host cannot reach: token ids still work
-                log.warning("could not load the tokenizer of %s: %s", model, exc)
+        """A new worker: ask its Stats now rather than at the next beat."""
         await self.heartbeat.beat()
 
 

@@ -53,8 +53,10 @@ class Registrar:
         self._registration = registration
         self._interval_seconds = interval_seconds
         self._timeout_seconds = timeout_seconds
-        self._channels = {address: async_channel(address) for address in self._coordinators}
-        self._stubs = {a: control_pb2_grpc.ControlStub(c) for a, c in self._channels.items()}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, control_pb2_grpc.ControlStub] = {}
+        for address in self._coordinators:
+            self._connect(address)
         self._failing: set[str] = set()
         self.refusal: str = ""
         self.renewals = 0
@@ -83,6 +85,11 @@ class Registrar:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 log.error("coordinator %s refused this worker: %s", address, exc.details())
                 raise RegistrationRefused(f"{address}: {exc.details()}") from exc
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                # A fresh channel dials at once; the old one would wait out its reconnect
+                # backoff, which grows past the lease while a coordinator restarts.
+                await self._channels[address].close()
+                self._connect(address)
             if address not in self._failing:
                 log.warning(
                     "coordinator %s did not take the registration (%s); retrying every %.1f s",
@@ -100,6 +107,10 @@ class Registrar:
                 answer.fleet_fingerprint,
             )
         self._failing.discard(address)
+
+    def _connect(self, address: str) -> None:
+        self._channels[address] = async_channel(address)
+        self._stubs[address] = control_pb2_grpc.ControlStub(self._channels[address])
 
     async def deregister(self, address: str) -> None:
         """Best effort, every coordinator at once: one that does not answer finds out when
