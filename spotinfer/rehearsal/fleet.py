@@ -330,10 +330,13 @@ class Rehearsal:
         return "".join(parts)
 
     def greedy_reference(self, planned: Sequence[PlannedRequest]) -> dict[str, list[int]]:
-        """The requests' greedy outputs straight from one registered worker (its worker
-        port, from the client VM): what every stream must equal."""
+        """The requests' greedy outputs straight from one ready worker (its worker port, from
+        the client VM): what every stream must equal."""
         known = self.known_workers()
-        vm = next(vm for vm in self.nodes if vm.worker_id in known)
+        ready = control_pb2.WORKER_STATE_READY  # a noticed node takes no new request
+        vm = next(
+            vm for vm in self.nodes if vm.worker_id in known and known[vm.worker_id].state == ready
+        )
         target = self.forward((vm.host.address, WORKER_PORT), f"worker-{vm.name}")
         return reference(target, planned)
 
