@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.drill",
     "spotinfer.commands.certs",
     "spotinfer.commands.keys",
+    "spotinfer.commands.rehearse",
     "spotinfer.commands.simulate",
 )
 # What the `tools` extra installs; a node installed without it still runs its processes.

@@ -1,0 +1,180 @@
+"""The fleet as Terraform deploys it on AWS, rehearsed: Redis (TLS + AUTH), a coordinator and
+three nodes booted by the rendered user data and run by their units, a client in its own VM.
+
+One fleet serves the module, in order: from nothing, a notice, a node booting mid-run, a
+partition, a coordinator restart.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from protos.spotinfer.v1 import control_pb2
+from spotinfer.rehearsal.fleet import COORDINATOR_UNITS, Rehearsal
+from spotinfer.rehearsal.streams import Streams, plan, run_streams, verdict
+from tests.fleet.fleet_support import (
+    NOTICE_AFTER_TOKENS,
+    NOTICE_OUTPUT,
+    VOCAB_SIZE,
+    booted_fleet,
+    busiest,
+    every_stream_past,
+    greedy,
+    notice_streams,
+    wait_for,
+)
+
+pytestmark = [
+    pytest.mark.usefixtures("namespaces"),
+    # Not yet run by default: the rehearsal's boot does not provision the TLS bundle, the API
+    # keys and the KV MAC keyring that the boot templates and the store now require off
+    # loopback, and the notice and coordinator-restart tests were not yet stable.
+    pytest.mark.skipif(
+        os.environ.get("SPOTINFER_TEST_REHEARSAL") != "1",
+        reason="the fleet rehearsal does not yet boot with TLS, keys and the KV MAC keyring; "
+        "set SPOTINFER_TEST_REHEARSAL=1 to run it",
+    ),
+]
+
+PARTITION_SECONDS = 10.0
+LONG_OUTPUT = (160, 200)  # long enough to be mid-stream when the disturbance comes
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    namespaces: None, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rehearsal]:
+    with booted_fleet(tiny_model, tmp_path_factory.mktemp("aws-fleet"), "aws", 3) as fleet:
+        yield fleet
+
+
+def test_from_nothing_three_nodes_register_and_serve_16_streams_exactly_once(
+    fleet: Rehearsal,
+) -> None:
+    known = fleet.known_workers()
+    # Each node's id is its instance id, read by the boot script from its own IMDS.
+    assert {vm.worker_id for vm in fleet.nodes} <= set(known)
+    assert all(vm.worker_id.startswith("i-0") for vm in fleet.nodes)
+    planned = plan(16, "from-nothing", VOCAB_SIZE)
+    traces = run_streams(fleet.coordinator_target, planned)
+    result = verdict(traces, greedy(fleet, planned))
+    assert result.requests == 16
+    assert result.problems() == []
+    served_by = {worker for t in traces for worker in t.token_workers}
+    assert len(served_by) >= 2, f"one node took everything: {served_by}"
+
+
+def test_an_aws_notice_migrates_the_nodes_requests_with_nothing_recomputed(
+    fleet: Rehearsal,
+) -> None:
+    count = notice_streams(fleet)
+    planned = plan(count, "aws-notice", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
+    streams = Streams(fleet.coordinator_target, planned).start()
+    wait_for(lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count), 120, "mid-stream")
+    noticed = busiest(fleet, streams.live)
+    fleet.notice(noticed)
+    traces = streams.join()
+    result = verdict(traces, greedy(fleet, planned))
+    assert result.problems(zero_recompute=True) == [], fleet.logs_tail()
+    assert result.migrations >= 1, fleet.logs_tail()
+    # A request that was done before its move finishes where it was; every moved one ends
+    # on another node.
+    moved = [t for t in traces if any(e.kind == "migrated" for e in t.events)]
+    assert moved and all(t.token_workers[-1] != noticed.worker_id for t in moved)
+    assert all(noticed.worker_id in t.token_workers for t in moved)
+    fleet.terminate(noticed)  # the end of the grace period
+
+
+def test_a_node_booted_mid_run_takes_load_with_no_coordinator_change(fleet: Rehearsal) -> None:
+    coordinator = fleet.coordinator.services[COORDINATOR_UNITS[0]]
+    starts_before = len(coordinator.starts)
+    first = Streams(fleet.coordinator_target, plan(6, "mid-run-a", VOCAB_SIZE, LONG_OUTPUT))
+    first.start()
+    new = fleet.add_node()
+    fleet.wait_registered([new], timeout_seconds=240)
+    second = plan(8, "mid-run-b", VOCAB_SIZE)
+    traces = run_streams(fleet.coordinator_target, second)
+    earlier = first.join()
+    result = verdict(traces + earlier, greedy(fleet, second + first.planned))
+    assert result.problems() == [], fleet.logs_tail()
+    assert any(new.worker_id in t.token_workers for t in traces), "the new node served nothing"
+    assert len(coordinator.starts) == starts_before  # no restart, no flag change
+
+
+def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
+    fleet: Rehearsal,
+) -> None:
+    count = notice_streams(fleet)
+    planned = plan(count, "partition", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
+    streams = Streams(fleet.coordinator_target, planned).start()
+    wait_for(lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count), 120, "mid-stream")
+    cut = busiest(fleet, streams.live)
+    fleet.partition(cut)
+    partitioned_at = time.perf_counter()
+    wait_for(lambda: _state(fleet, cut.worker_id) != "ready", 60, "the coordinator sees it go")
+    probes: list[Streams] = []
+    back = threading.Event()
+    healed = threading.Timer(
+        max(0.0, PARTITION_SECONDS - (time.perf_counter() - partitioned_at)),
+        fleet.heal,
+        args=(cut,),
+    )
+    healed.start()
+    while not back.is_set():  # a new request every half second until it is known again
+        probes.append(
+            Streams(fleet.coordinator_target, plan(1, f"probe-{len(probes)}", VOCAB_SIZE))
+        )
+        probes[-1].start()
+        time.sleep(0.5)
+        if healed.finished.is_set() and _state(fleet, cut.worker_id) == "ready":
+            back.set()
+    registered_again_at = time.perf_counter()
+    healed.join()
+    traces = streams.join()
+    probe_traces = [t for probe in probes for t in probe.join()]
+    everything = planned + [p for probe in probes for p in probe.planned]
+    result = verdict(traces + probe_traces, greedy(fleet, everything))
+    assert result.exactly_once and not result.mismatches, (result.problems(), fleet.logs_tail())
+    before_return = [
+        t for t in probe_traces if t.token_times and t.token_times[0] < registered_again_at
+    ]
+    assert before_return, "no request was sent while it was away"
+    assert all(t.token_workers[0] != cut.worker_id for t in before_return)
+
+
+def test_a_restarted_coordinator_knows_every_node_within_one_lease_interval(
+    fleet: Rehearsal,
+) -> None:
+    count = notice_streams(fleet)
+    planned = plan(count, "restart", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
+    streams = Streams(fleet.coordinator_target, planned).start()
+    wait_for(lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count), 120, "mid-stream")
+    nodes = {vm.worker_id for vm in fleet.nodes if vm.services}
+    fleet.restart_coordinator()
+    wait_for(lambda: not fleet.known_workers(), 30, "the coordinator to go")
+    wait_for(lambda: fleet.coordinator_serving(), 60, "its unit to start it again")
+    relearnt = wait_for(lambda: nodes <= set(fleet.known_workers()), 60, "every node known again")
+    assert relearnt <= fleet.config.lease_interval_seconds + 1.0
+    traces = streams.join()
+    result = verdict(traces, greedy(fleet, planned))
+    lost = [
+        (t.request_id, t.error_code, t.finish_reason, len(t.token_ids), t.reattached,
+         t.resubmitted, [(e.kind, e.detail) for e in t.events])
+        for t in traces if t.request_id in result.lost
+    ]  # fmt: skip
+    assert result.exactly_once and not result.mismatches, (result.problems(), lost)
+
+
+def _state(fleet: Rehearsal, worker_id: str) -> str:
+    """The coordinator's word for the worker: ready (routable), or what else it is."""
+    worker = fleet.known_workers().get(worker_id)
+    if worker is None:
+        return "unknown"
+    name = control_pb2.WorkerState.Name(worker.state).removeprefix("WORKER_STATE_").lower()
+    return "ready" if name in ("ready", "idle", "active", "serving") else name
