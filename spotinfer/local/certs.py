@@ -1,12 +1,16 @@
-"""A cluster CA and node certificates, made with `cryptography`, for local clusters and tests.
+"""A cluster CA and the certificates it signs, made with `cryptography`, for local clusters
+and tests.
 
     ca.pem / ca.key                       the cluster CA (keep ca.key off the nodes)
     <name>.pem / <name>.key               a node: its role and its addresses
+    <name>.pem / <name>.key               a server that is no node (Redis): its addresses
 
 A node certificate says what the node is in one URI SAN, ``spiffe://spotinfer/role/<role>``
 (coordinator, worker, daemon, operator), which the servers' authorization tables read
 (`common.authz`), and where it may be reached in DNS and IP SANs (always localhost and
-127.0.0.1). Keys are EC P-256 and written 0600. The processes themselves only load files.
+127.0.0.1). A server certificate (`make_server_cert`, for the local cluster's redis-server)
+holds the addresses only. Keys are EC P-256 and written 0600. The processes themselves only
+load files.
 """
 
 from __future__ import annotations
@@ -119,6 +123,40 @@ def make_node_cert(
     for each in (role, *extra_roles):
         if each not in NODE_ROLES:
             raise ValueError(f"role must be one of {NODE_ROLES}, got {each!r}")
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, name),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+        ]
+    )
+    names = _subject_alternative_names((role, *extra_roles), hosts)
+    return _sign(ca, folder, name, subject, names, days)
+
+
+def make_server_cert(
+    ca: CertPaths,
+    folder: Path,
+    name: str,
+    hosts: tuple[str, ...] = (),
+    days: int = DEFAULT_VALID_DAYS,
+) -> CertPaths:
+    """``<name>.pem`` / ``<name>.key`` in ``folder``, signed by ``ca``, for a server that is no
+    spotinfer node (the local cluster's redis-server): no role, reachable at ``hosts``
+    (localhost, 127.0.0.1 and ::1 always), and, like a node's, good as a client certificate."""
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    return _sign(ca, folder, name, subject, _subject_alternative_names((), hosts), days)
+
+
+def _sign(
+    ca: CertPaths,
+    folder: Path,
+    name: str,
+    subject: x509.Name,
+    alternative_names: x509.SubjectAlternativeName,
+    days: int,
+) -> CertPaths:
+    """A new key and its certificate (TLS server and client), signed by ``ca``, written as
+    ``<name>.pem`` / ``<name>.key`` in ``folder``."""
     ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
     ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey), "the CA key must be EC"
@@ -127,21 +165,14 @@ def make_node_cert(
     not_before, not_after = _validity(days)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.COMMON_NAME, name),
-                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
-                ]
-            )
-        )
+        .subject_name(subject)
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_subject_alternative_names((role, *extra_roles), hosts), critical=False)
+        .add_extension(alternative_names, critical=False)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]

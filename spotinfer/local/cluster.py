@@ -12,8 +12,9 @@ server starts announcing the termination, the node's daemon sees it, and the res
 product's own reaction. `kill` is the unannounced loss: worker and daemon die at once.
 
 Its own redis-server runs locked down (``secure_redis``, see redis_security.py): TLS only,
-each process logs in as its role's ACL user, and KV blocks and records are signed with a
-keyring generated for this cluster.
+its certificate signed by the same cluster CA as the gRPC TLS; each process logs in as its
+role's ACL user, and KV blocks and records are signed with a keyring generated for this
+cluster.
 """
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ class LocalCluster:
             self.secrets = ClusterSecrets.make(self.config.log_dir)
         try:
             if not self.redis_url:
-                self.redis = RedisProcess(secure=self.config.secure_redis).start()
+                # One CA for the cluster: Redis's certificate is signed by the gRPC one.
+                self.redis = RedisProcess(
+                    secure=self.config.secure_redis, ca=self.secrets.ca
+                ).start()
                 self.redis_url = self.redis.url
                 self._say(f"redis-server at {self.redis_url}")
             self._start_coordinator()

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spotinfer.local.certs import CertPaths
 from spotinfer.local.managed_process import ManagedProcess, free_port
 from spotinfer.local.redis_security import RedisSecurity
 
@@ -53,18 +54,23 @@ class RedisProcess(ManagedProcess):
 
     ``extra_args`` are appended to the command line (a cluster node turns cluster mode on).
     ``secure=True`` locks it down (see redis_security.py): TLS only, on ``url`` (rediss://),
-    one ACL user per role, and a MAC keyring, all in ``security``'s directory.
+    one ACL user per role, and a MAC keyring, all in ``security``'s directory; its certificate
+    signed by ``ca`` (a local cluster's), else by a CA of its own.
     """
 
     def __init__(
-        self, port: int | None = None, extra_args: tuple[str, ...] = (), secure: bool = False
+        self,
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        secure: bool = False,
+        ca: CertPaths | None = None,
     ) -> None:
         if shutil.which(REDIS_SERVER_BINARY) is None:
             raise RedisNotInstalled(f"{REDIS_SERVER_BINARY} is not on PATH")
         self.port = port if port is not None else free_port()
         self._extra_args = extra_args
         self._dir = Path(tempfile.mkdtemp(prefix=f"redis-{self.port}-"))
-        self.security = RedisSecurity.create(self._dir / "security") if secure else None
+        self.security = RedisSecurity.create(self._dir / "security", ca) if secure else None
         super().__init__("redis-server", self._dir / LOG_NAME, cwd=self._dir)
 
     @property

@@ -1,7 +1,8 @@
 """Everything a local cluster's Redis needs to run locked down, written into one directory:
-a CA and the server's certificate (TLS with CA verification), an ``aclfile`` with one user
-per role (store/acl.py) plus the operator's ``default`` user, each with a random password in
-its own file, and the cluster's KV MAC keyring.
+the server's certificate (TLS with CA verification; spotinfer/local/certs.py) signed by the
+cluster's CA, or by a CA of its own when there is none, an ``aclfile`` with one user per role
+(store/acl.py) plus the operator's ``default`` user, each with a random password in its own
+file, and the cluster's KV MAC keyring.
 
 ``server_args(port)`` are redis-server's flags; ``store_flags(url, role)`` the flags a process
 of that role connects with, as its own ACL user.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotinfer.local.cluster_ca import ClusterCA, IssuedCert
+from spotinfer.local.certs import CertPaths, make_ca, make_server_cert
 from store.acl import Role, acl_file_line
 from store.mac_keyring import new_keyring_text
 from store.store_config import StoreConfig
@@ -22,21 +23,28 @@ from store.store_config import StoreConfig
 ADMIN_USER = "default"
 ACL_FILE = "users.acl"
 KEYRING_FILE = "kv-mac.keys"
+SERVER_CERT_NAME = "redis"
+# The server's certificate (and a CA of its own) lie in its temporary directory and die with it.
+CERT_VALID_DAYS = 1
 
 
 @dataclass(frozen=True)
 class RedisSecurity:
     directory: Path
     ca_file: Path
-    server_cert: IssuedCert
+    server_cert: CertPaths
     acl_file: Path
     keyring_file: Path
 
     @classmethod
-    def create(cls, directory: Path) -> RedisSecurity:
+    def create(cls, directory: Path, ca: CertPaths | None = None) -> RedisSecurity:
+        """The files in ``directory``; the server's certificate signed by ``ca`` (the local
+        cluster's, which its gRPC TLS uses too), or by a new CA of its own when None."""
         directory.mkdir(parents=True, exist_ok=True)
-        ca = ClusterCA(directory / "tls")
-        server_cert = ca.issue("redis")
+        tls = directory / "tls"
+        if ca is None:
+            ca = make_ca(tls, days=CERT_VALID_DAYS)
+        server_cert = make_server_cert(ca, tls, SERVER_CERT_NAME, days=CERT_VALID_DAYS)
         lines = []
         for user in (ADMIN_USER, *(role.value for role in Role)):
             password = secrets.token_hex(16)
@@ -53,7 +61,7 @@ class RedisSecurity:
         keyring_file = directory / KEYRING_FILE
         keyring_file.write_text(new_keyring_text())
         keyring_file.chmod(0o600)
-        return cls(directory, ca.ca_file, server_cert, acl_file, keyring_file)
+        return cls(directory, ca.cert, server_cert, acl_file, keyring_file)
 
     def password_file(self, user: str) -> Path:
         return self.directory / f"{user}.password"
@@ -67,8 +75,8 @@ class RedisSecurity:
         return [
             *("--port", "0"),
             *("--tls-port", str(port)),
-            *("--tls-cert-file", str(self.server_cert.cert_file)),
-            *("--tls-key-file", str(self.server_cert.key_file)),
+            *("--tls-cert-file", str(self.server_cert.cert)),
+            *("--tls-key-file", str(self.server_cert.key)),
             *("--tls-ca-cert-file", str(self.ca_file)),
             *("--tls-auth-clients", "optional"),
             *("--aclfile", str(self.acl_file)),

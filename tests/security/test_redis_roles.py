@@ -16,6 +16,7 @@ import redis
 from redis.exceptions import NoPermissionError
 
 from coordinator.route_records import RouteRecord, RouteRecords
+from spotinfer.local.certs import make_ca
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.redis_security import ADMIN_USER, RedisSecurity
 from store import (
@@ -34,6 +35,7 @@ from store import (
 )
 from store.acl import Role
 from store.errors import RequestNotFound
+from tests.support.redis_server import skip_without_redis
 
 FORMAT = KVFormat("tiny:acl", "float32", "cpu:test", layer_count=2, block_tokens=4)
 PAYLOAD = bytes(range(256)) * 8
@@ -154,6 +156,28 @@ def test_plaintext_and_a_foreign_ca_are_refused(secure_redis: RedisProcess, tmp_
     )
     with pytest.raises(StoreUnavailable, match="certificate verify failed"):
         stranger.ping()
+
+
+def test_a_server_of_the_cluster_ca_is_reached_with_that_ca_alone(tmp_path: Path) -> None:
+    """The local cluster signs Redis's certificate with the CA of its gRPC TLS: clients
+    verify Redis with that one CA, and a CA of the server's own would be refused."""
+    skip_without_redis()
+    cluster_ca = make_ca(tmp_path / "cluster")
+    own = RedisSecurity.create(tmp_path / "own")
+    with RedisProcess(secure=True, ca=cluster_ca) as server:
+        security = _security(server)
+        assert security.ca_file == cluster_ca.cert
+        worker = RedisStore.from_config(security.store_config(server.url, Role.WORKER))
+        stranger = RedisStore.from_config(
+            security.store_config(server.url, Role.WORKER, tls_ca_file=str(own.ca_file))
+        )
+        try:
+            worker.ping()
+            with pytest.raises(StoreUnavailable, match="certificate verify failed"):
+                stranger.ping()
+        finally:
+            worker.close()
+            stranger.close()
 
 
 def test_a_block_altered_with_its_crc_fixed_is_refused_by_its_mac(

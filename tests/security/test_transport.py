@@ -16,7 +16,7 @@ import pytest
 from common.authz import AuthorizationInterceptor
 from common.channels import PLAINTEXT, TransportConfig, async_channel, async_server, listen
 from protos.spotinfer.v1 import worker_pb2, worker_pb2_grpc
-from spotinfer.local.certs import make_node_cert
+from spotinfer.local.certs import make_node_cert, make_server_cert
 from tests.security.conftest import Pki
 from worker.server import AUTHORIZATION as WORKER_AUTHORIZATION
 
@@ -89,6 +89,21 @@ async def test_a_worker_takes_preempt_only_from_the_coordinator_or_a_daemon(pki:
         # Stats: an operator may look; another worker may not.
         assert await _stats(address, pki.transport("operator")) == grpc.StatusCode.OK
         assert await _stats(address, pki.transport("worker")) == denied
+    finally:
+        await server.stop(0)
+
+
+async def test_the_redis_certificate_of_the_cluster_ca_holds_no_role(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """The local cluster's redis-server has a certificate of the cluster CA: it connects to
+    an internal service but may call nothing there, having no role."""
+    redis = make_server_cert(pki.ca, tmp_path, "redis")
+    as_redis = TransportConfig(str(pki.ca.cert), str(redis.cert), str(redis.key))
+    server, address = await _serve(pki.transport("worker"))
+    try:
+        assert await _stats(address, as_redis) == grpc.StatusCode.PERMISSION_DENIED
+        assert await _preempt(address, as_redis) == grpc.StatusCode.PERMISSION_DENIED
     finally:
         await server.stop(0)
 
