@@ -8,19 +8,13 @@ nothing on disk.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
+from spotinfer.local.certs import make_ca, make_server_cert
 from spotinfer.local.managed_process import ManagedProcess
 from spotinfer.rehearsal.netns import Host
 
@@ -41,55 +35,11 @@ class TlsFiles:
     server_key: Path
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
 def make_tls_files(directory: Path, server_address: str) -> TlsFiles:
     """A new CA and a server certificate it signs for `server_address` (an IP SAN)."""
-    now = datetime.datetime.now(datetime.timezone.utc)
-    expiry = now + datetime.timedelta(days=_CERT_DAYS)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("spotinfer rehearsal CA"))
-        .issuer_name(_name("spotinfer rehearsal CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(expiry)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(server_address))])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("redis"))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(expiry)
-        .add_extension(san, critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    files = TlsFiles(directory / "ca.pem", directory / "redis.pem", directory / "redis-key.pem")
-    files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    files.server_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    files.server_key.write_bytes(_pem_key(key))
-    files.server_key.chmod(0o600)
-    return files
+    ca = make_ca(directory, name="spotinfer rehearsal CA", days=_CERT_DAYS)
+    server = make_server_cert(ca, directory, "redis", hosts=(server_address,), days=_CERT_DAYS)
+    return TlsFiles(ca.cert, server.cert, server.key)
 
 
 class TlsRedis(ManagedProcess):
