@@ -8,6 +8,7 @@ Templates: the subset of Terraform's template language the boot scripts use:
     ${join(" ", keys(units))}    join / keys over a map (keys in lexical order, as Terraform)
     %{ for k, v in map ~} … %{ endfor ~}   (a map in key order; ``for x in list`` too)
     %{ if name } … %{ else } … %{ endif }  (also ``name == "text"`` / ``!=``)
+    ${cond ? a : b}              a conditional, ``cond`` as in ``%{ if }``
     $${ and %%{                  a literal ${ and %{
     ~ inside a directive's braces strips the whitespace on that side (one newline included)
 
@@ -28,6 +29,7 @@ _TOKEN = re.compile(r"\$\$\{|%%\{|\$\{|%\{")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _STRING = re.compile(r'^"((?:[^"\\]|\\.)*)"$')
 _CALL = re.compile(r"^([a-z_]+)\((.*)\)$", re.S)
+_CONDITIONAL = re.compile(r'^((?:[^"?]|"(?:[^"\\]|\\.)*")+)\?([^?:]+):([^?:]+)$')
 _SYSTEMD_BRACED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SYSTEMD_WORD = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 
@@ -179,6 +181,11 @@ def _evaluate_condition(expression: str, scope: dict[str, Any]) -> Any:
 
 def _evaluate(expression: str, scope: dict[str, Any]) -> Any:
     expression = expression.strip()
+    conditional = _CONDITIONAL.match(expression)
+    if conditional:
+        condition, when_true, when_false = conditional.groups()
+        chosen = when_true if _truthy(_evaluate_condition(condition.strip(), scope)) else when_false
+        return _evaluate(chosen, scope)
     string = _STRING.match(expression)
     if string:
         return bytes(string.group(1), "utf-8").decode("unicode_escape")
@@ -239,11 +246,18 @@ def _truthy(value: Any) -> bool:
 
 
 def heredoc(script: str, path: str) -> str:
-    """The body of ``cat >PATH <<WORD`` … ``WORD`` in ``script`` (unexpanded)."""
-    found = re.search(rf"^cat >{re.escape(path)} <<'?(\w+)'?\n(.*?)^\1$", script, flags=re.M | re.S)
-    if found is None:
+    """What ``cat >PATH <<WORD`` … ``WORD`` in ``script`` leaves in PATH (unexpanded), with
+    what later ``cat >>PATH`` heredocs append to it."""
+    pattern = rf"^cat (>>?){re.escape(path)} <<'?(\w+)'?\n(.*?)^\2$"
+    text: str | None = None
+    for mode, _, body in re.findall(pattern, script, flags=re.M | re.S):
+        if mode == ">":
+            text = body
+        elif text is not None:
+            text += body
+    if text is None:
         raise TemplateError(f"the script writes no {path}")
-    return found.group(2)
+    return text
 
 
 def expand_shell_variables(text: str, values: Mapping[str, str]) -> str:

@@ -306,3 +306,42 @@ def check_client_ranges_guarded(module: TerraformModule, variable_names: list[st
         if any(cidr in OPEN_CIDRS for cidr in variable.get("default") or []):
             violations.append(f"variable {name} defaults to an open range")
     return violations
+
+
+# ---- both -----------------------------------------------------------------------------------
+
+
+def check_kv_mac_keyring(module: TerraformModule, cloud: str) -> list[str]:
+    """One KV MAC keyring secret for the cluster, readable by the nodes, whose id the boot
+    script is given (without it every process refuses the off-loopback Redis)."""
+    secret_type, setting = {
+        "aws": ("aws_secretsmanager_secret", "kv_mac_secret_arn"),
+        "gcp": ("google_secret_manager_secret", "kv_mac_secret_id"),
+    }[cloud]
+    secrets = module.of_type(secret_type)
+    if "kv_mac" not in secrets:
+        return [f"no {secret_type}.kv_mac (the cluster's KV MAC keyring)"]
+    violations = []
+    if "for_each" in secrets["kv_mac"] or "count" in secrets["kv_mac"]:
+        violations.append(f"{secret_type}.kv_mac: one keyring per cluster, not one per role")
+    reference = f"{secret_type}.kv_mac."
+    if reference not in str(module.locals.get("boot_settings", {}).get(setting, "")):
+        violations.append(f"boot_settings.{setting} does not name {secret_type}.kv_mac")
+    if cloud == "aws":
+        statements = module.data.get("aws_iam_policy_document", {}).get("node", {})
+        readable = [
+            statement
+            for statement in statements.get("statement", [])
+            if "secretsmanager:GetSecretValue" in statement.get("actions", [])
+            and reference in str(statement.get("resources", ""))
+        ]
+    else:
+        readable = [
+            body
+            for body in module.of_type("google_secret_manager_secret_iam_member").values()
+            if reference in str(body.get("secret_id", ""))
+            and module.resolve(body.get("role")) == "roles/secretmanager.secretAccessor"
+        ]
+    if not readable:
+        violations.append(f"the node identity cannot read {secret_type}.kv_mac")
+    return violations

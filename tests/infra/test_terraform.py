@@ -34,6 +34,7 @@ AWS_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
         module, ["client_cidrs"]
     ),
     "fis spot drill": lambda module: hcl.check_aws_fis_spot_drill(module, constants.FLEET_TAG_KEY),
+    "kv mac keyring": lambda module: hcl.check_kv_mac_keyring(module, "aws"),
 }
 
 GCP_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
@@ -43,6 +44,7 @@ GCP_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
     "client ranges guarded": lambda module: hcl.check_client_ranges_guarded(
         module, ["client_source_ranges", "internal_client_ranges"]
     ),
+    "kv mac keyring": lambda module: hcl.check_kv_mac_keyring(module, "gcp"),
 }
 
 
@@ -237,6 +239,46 @@ MUTATIONS = [
         'source_ranges = ["0.0.0.0/0"]',
         "no open ingress",
         "0.0.0.0/0",
+    ),
+    (
+        "aws",
+        "iam.tf",
+        "resources = [aws_secretsmanager_secret.kv_mac.arn]",
+        "resources = [aws_secretsmanager_secret.redis_auth.arn]",
+        "kv mac keyring",
+        "cannot read",
+    ),
+    (
+        "aws",
+        "main.tf",
+        "kv_mac_secret_arn          = aws_secretsmanager_secret.kv_mac.arn",
+        'kv_mac_secret_arn          = ""',
+        "kv mac keyring",
+        "boot_settings",
+    ),
+    (
+        "aws",
+        "tls.tf",
+        'resource "aws_secretsmanager_secret" "kv_mac" {',
+        'resource "aws_secretsmanager_secret" "kv_mac" {\n  for_each = local.tls_roles',
+        "kv mac keyring",
+        "one keyring per cluster",
+    ),
+    (
+        "gcp",
+        "tls.tf",
+        "secret_id = google_secret_manager_secret.kv_mac.secret_id",
+        "secret_id = google_secret_manager_secret.redis_auth.secret_id",
+        "kv mac keyring",
+        "cannot read",
+    ),
+    (
+        "gcp",
+        "main.tf",
+        "kv_mac_secret_id          = google_secret_manager_secret.kv_mac.secret_id",
+        'kv_mac_secret_id          = ""',
+        "kv mac keyring",
+        "boot_settings",
     ),
 ]
 

@@ -7,7 +7,9 @@ metadata and secret lookups would find; each unit the script writes has its Exec
 expanded as systemd does, and the argv after the binary goes through `spotinfer`'s parser
 and then the subcommand's config source with that environment, which is what the process
 does before it starts anything. A flag that does not exist, a value that does not parse, a
-variable the env file does not set, or a setting that fails validation fails here.
+variable the env file does not set, a setting that fails validation, or a store the process
+would refuse to connect to (``StoreConfig.check_exposure``: plaintext Redis off loopback, or
+no KV MAC keyring) fails here.
 
 When terraform is installed, the renderer is also checked against terraform's own output.
 """
@@ -33,6 +35,7 @@ from spotinfer.fleet.render import (
     render_template,
     unit_exec_start,
 )
+from store.mac_keyring import keyring_for, new_keyring_text
 from tests.infra.conftest import BOOT_DIR, TERRAFORM_DIR
 
 hcl2 = pytest.importorskip("hcl2", reason="python-hcl2 is not installed")
@@ -71,6 +74,12 @@ TERRAFORM_VALUES: dict[str, Any] = {
     "redis_secret_arn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:redis-auth",
     "redis_secret_id": "spotinfer-redis-auth",
     "redis_ca_pem": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----",
+    "tls_secret_arn_coordinator": "arn:aws:secretsmanager:us-east-1:123456789012:secret:tls-c",
+    "tls_secret_arn_worker": "arn:aws:secretsmanager:us-east-1:123456789012:secret:tls-w",
+    "tls_secret_id_coordinator": "spotinfer-tls-coordinator",
+    "tls_secret_id_worker": "spotinfer-tls-worker",
+    "kv_mac_secret_arn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:kv-mac",
+    "kv_mac_secret_id": "spotinfer-kv-mac",
 }
 # What the boot script's own commands find on the VM (metadata, secrets).
 SHELL_VALUES = {
@@ -84,6 +93,28 @@ SHELL_VALUES = {
     "redis_token": "t0ken",
     "redis_auth": "auth-string",
 }
+
+
+# The files the boot script fetches from the secret store before any unit starts (the TLS
+# bundle, the KV MAC keyring), as they would be on the VM; test_tls_boot.py checks it fetches
+# them. The settings that name them must name files that exist: the processes check.
+FETCHED_FILES = {
+    "tls/ca.pem": "-----BEGIN CERTIFICATE-----\n",
+    "tls/node.pem": "-----BEGIN CERTIFICATE-----\n",
+    "tls/node.key": "-----BEGIN PRIVATE KEY-----\n",
+    "tls/keys.jsonl": "",
+    "kv-mac.keys": new_keyring_text(),
+}
+ETC = "/etc/spotinfer/"
+
+
+def on_vm(environ: dict[str, str], root: Path) -> dict[str, str]:
+    """``environ`` with /etc/spotinfer/ moved under ``root``, where the fetched files are."""
+    for name, text in FETCHED_FILES.items():
+        path = root / ETC.strip("/") / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return {name: value.replace(ETC, f"{root}{ETC}") for name, value in environ.items()}
 
 
 def _config_source(command: str) -> ConfigSource[Any]:
@@ -106,13 +137,14 @@ def terraform_variables(cloud: str, role: str, units: tuple[str, ...], boot_dir:
 
 
 def exec_start_problems(
-    boot_dir: Path, template: str, cloud: str, role: str, units: tuple
+    boot_dir: Path, template: str, cloud: str, role: str, units: tuple, root: Path
 ) -> list[str]:
     """Every way the rendered units' ExecStart lines would fail to start (empty: none)."""
     script = render_template(
         (boot_dir / template).read_text(), terraform_variables(cloud, role, units, boot_dir)
     )
     environ, written = boot_files(script, SHELL_VALUES)
+    environ = on_vm(environ, root)
     assert sorted(written) == sorted(units), "the script writes the units it was given"
     problems = []
     for unit in units:
@@ -140,7 +172,10 @@ def _parse(argv: list[str], environ: dict[str, str]) -> str:
     except SystemExit:
         return f"spotinfer {' '.join(argv[:1])}: {errors.getvalue().strip().splitlines()[-1]}"
     try:
-        _config_source(args.command).resolve(args, environ)
+        config = _config_source(args.command).resolve(args, environ).config
+        # What RedisStore.from_config refuses before it connects (plaintext or unkeyed
+        # Redis off loopback): the process would exit here too, just a little later.
+        config.store.check_exposure()
     except (TypeError, ValueError) as exc:
         return f"spotinfer {args.command}: {exc}"
     return ""
@@ -148,19 +183,20 @@ def _parse(argv: list[str], environ: dict[str, str]) -> str:
 
 @pytest.mark.parametrize(("template", "cloud", "role", "units"), RENDERINGS, ids=IDS)
 def test_every_exec_start_parses_with_the_env_file(
-    template: str, cloud: str, role: str, units: tuple[str, ...]
+    tmp_path: Path, template: str, cloud: str, role: str, units: tuple[str, ...]
 ) -> None:
-    assert exec_start_problems(BOOT_DIR, template, cloud, role, units) == []
+    assert exec_start_problems(BOOT_DIR, template, cloud, role, units, tmp_path) == []
 
 
 @pytest.mark.parametrize(("template", "cloud", "role", "units"), RENDERINGS, ids=IDS)
 def test_the_processes_get_the_settings_the_fleet_needs(
-    template: str, cloud: str, role: str, units: tuple[str, ...]
+    tmp_path: Path, template: str, cloud: str, role: str, units: tuple[str, ...]
 ) -> None:
     script = render_template(
         (BOOT_DIR / template).read_text(), terraform_variables(cloud, role, units, BOOT_DIR)
     )
     environ, written = boot_files(script, SHELL_VALUES)
+    environ = on_vm(environ, tmp_path)
     configs = {}
     for unit in units:
         argv = expand_exec_start(unit_exec_start(written[unit]), environ)[1:]
@@ -169,6 +205,9 @@ def test_the_processes_get_the_settings_the_fleet_needs(
     for config in configs.values():
         assert config.host == "0.0.0.0" and config.advertise_address == "10.0.2.15"
         assert config.store.url.startswith("rediss://")
+        assert config.store.mac_key_file == f"{tmp_path}/etc/spotinfer/kv-mac.keys"
+        assert not keyring_for(config.store.mac_key_file).is_loopback
+        config.store.check_exposure()  # what RedisStore.from_config checks first
     if "coordinator" in configs:
         coordinator = configs["coordinator"]
         assert coordinator.failover_policy == "resume" and not coordinator.workers
@@ -189,7 +228,9 @@ def test_a_flag_that_does_not_exist_fails(tmp_path: Path) -> None:
         shutil.copy(BOOT_DIR / name, tmp_path / name)
     unit = tmp_path / "spotinfer-worker.service"
     unit.write_text(unit.read_text().replace("--coordinator ", "--coordinators "))
-    problems = exec_start_problems(tmp_path, "aws-boot.sh.tftpl", "aws", "worker", WORKER_UNITS)
+    problems = exec_start_problems(
+        tmp_path, "aws-boot.sh.tftpl", "aws", "worker", WORKER_UNITS, tmp_path
+    )
     assert len(problems) == 1 and "unrecognized arguments: --coordinators" in problems[0]
 
 
@@ -198,8 +239,22 @@ def test_a_variable_the_env_file_does_not_set_fails(tmp_path: Path) -> None:
         shutil.copy(BOOT_DIR / name, tmp_path / name)
     template = tmp_path / "gcp-boot.sh.tftpl"
     template.write_text(template.read_text().replace("SPOTINFER_DAEMON_METRICS_PORT=", "X="))
-    problems = exec_start_problems(tmp_path, "gcp-boot.sh.tftpl", "gcp", "worker", WORKER_UNITS)
+    problems = exec_start_problems(
+        tmp_path, "gcp-boot.sh.tftpl", "gcp", "worker", WORKER_UNITS, tmp_path
+    )
     assert any("SPOTINFER_DAEMON_METRICS_PORT" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("template", ["aws-boot.sh.tftpl", "gcp-boot.sh.tftpl"])
+def test_a_fleet_without_the_kv_mac_keyring_fails(tmp_path: Path, template: str) -> None:
+    for name in (*WORKER_UNITS, template):
+        shutil.copy(BOOT_DIR / name, tmp_path / name)
+    boot = tmp_path / template
+    boot.write_text(boot.read_text().replace("SPOTINFER_KV_MAC_KEY_FILE=", "X="))
+    cloud = template.split("-")[0]
+    problems = exec_start_problems(tmp_path, template, cloud, "worker", WORKER_UNITS, tmp_path)
+    assert len(problems) == 2, problems  # the worker and the daemon
+    assert all("without a KV MAC keyring" in problem for problem in problems), problems
 
 
 @pytest.mark.parametrize(("template", "cloud", "role", "units"), RENDERINGS, ids=IDS)

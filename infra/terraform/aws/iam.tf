@@ -44,6 +44,13 @@ data "aws_iam_policy_document" "node" {
     resources = [for secret in aws_secretsmanager_secret.tls : secret.arn]
   }
 
+  # The cluster's KV MAC keyring (tls.tf), fetched at boot and hourly by the boot script.
+  statement {
+    sid       = "ReadKvMacKeyring"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [aws_secretsmanager_secret.kv_mac.arn]
+  }
+
   # A worker being drained by the termination lifecycle hook ends the wait itself once its
   # requests have moved; only this fleet's worker group (by its name prefix) can be touched.
   statement {

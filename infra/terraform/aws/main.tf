@@ -60,6 +60,7 @@ locals {
     redis_secret_arn           = aws_secretsmanager_secret.redis_auth.arn
     tls_secret_arn_coordinator = aws_secretsmanager_secret.tls["coordinator"].arn
     tls_secret_arn_worker      = aws_secretsmanager_secret.tls["worker"].arn
+    kv_mac_secret_arn          = aws_secretsmanager_secret.kv_mac.arn
     install_script             = file("${local.boot_dir}/install-spotinfer.sh")
   }
 }

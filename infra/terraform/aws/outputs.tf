@@ -23,6 +23,11 @@ output "tls_secret_arns" {
   value       = { for role, secret in aws_secretsmanager_secret.tls : role => secret.arn }
 }
 
+output "kv_mac_secret_arn" {
+  description = "Secrets Manager secret to put the cluster's KV MAC keyring into (docs/deploy.md)."
+  value       = aws_secretsmanager_secret.kv_mac.arn
+}
+
 output "redis_auth_secret_arn" {
   description = "Secrets Manager secret holding the Redis AUTH token."
   value       = aws_secretsmanager_secret.redis_auth.arn

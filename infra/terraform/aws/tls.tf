@@ -23,3 +23,21 @@ resource "aws_secretsmanager_secret" "tls" {
 
   #checkov:skip=CKV2_AWS_57:certificates are renewed by putting a new secret version (spotinfer certs or the operator's PKI); the boot script's hourly fetch picks it up
 }
+
+# The cluster's KV MAC keyring: one secret for the whole fleet (every coordinator, worker and
+# daemon signs and verifies KV blocks and request records with the same keys), read by the
+# boot script into /etc/spotinfer/kv-mac.keys (0600). Like the TLS bundles, Terraform makes
+# the empty secret only and the operator puts the keyring (docs/deploy.md), so no key sits
+# in Terraform state.
+#
+#   secret value (text): "<key id>:<key as hex>" lines; the last line signs (docs/security.md)
+
+resource "aws_secretsmanager_secret" "kv_mac" {
+  name                    = var.kv_mac_secret_name != "" ? var.kv_mac_secret_name : "${var.name}-kv-mac"
+  description             = "KV MAC keyring of the spotinfer ${var.name} cluster"
+  kms_key_id              = aws_kms_key.fleet.arn
+  recovery_window_in_days = 7
+  tags                    = local.tags
+
+  #checkov:skip=CKV2_AWS_57:keys are rotated by putting a new secret version with a line appended (docs/security.md); the boot script's hourly fetch picks it up and processes sign with it from their next restart
+}

@@ -273,6 +273,12 @@ variable "tls_secret_names" {
   default     = {}
 }
 
+variable "kv_mac_secret_name" {
+  description = "Secrets Manager secret name of the cluster's KV MAC keyring; empty: <name>-kv-mac."
+  type        = string
+  default     = ""
+}
+
 variable "deletion_protection" {
   description = "Protect the load balancers from deletion. Turn on for production."
   type        = bool

@@ -50,6 +50,7 @@ locals {
     redis_secret_id           = google_secret_manager_secret.redis_auth.secret_id
     tls_secret_id_coordinator = google_secret_manager_secret.tls["coordinator"].secret_id
     tls_secret_id_worker      = google_secret_manager_secret.tls["worker"].secret_id
+    kv_mac_secret_id          = google_secret_manager_secret.kv_mac.secret_id
     install_script            = file("${local.boot_dir}/install-spotinfer.sh")
   }
 }

@@ -32,3 +32,8 @@ output "tls_secret_ids" {
   description = "Secret Manager secrets to add each role's TLS bundle to (docs/security.md)."
   value       = { for role, secret in google_secret_manager_secret.tls : role => secret.secret_id }
 }
+
+output "kv_mac_secret_id" {
+  description = "Secret Manager secret to add the cluster's KV MAC keyring to (docs/deploy.md)."
+  value       = google_secret_manager_secret.kv_mac.secret_id
+}

@@ -31,3 +31,28 @@ resource "google_secret_manager_secret_iam_member" "node_reads_tls" {
   role      = "roles/secretmanager.secretAccessor"
   member    = "serviceAccount:${google_service_account.node.email}"
 }
+
+# The cluster's KV MAC keyring: one secret for the whole fleet (every coordinator, worker and
+# daemon signs and verifies KV blocks and request records with the same keys), read by the
+# startup script into /etc/spotinfer/kv-mac.keys (0600). Like the TLS bundles, Terraform makes
+# the empty secret only and the operator adds the keyring as a version (docs/deploy.md), so
+# no key sits in Terraform state.
+#
+#   secret value (text): "<key id>:<key as hex>" lines; the last line signs (docs/security.md)
+
+resource "google_secret_manager_secret" "kv_mac" {
+  project   = var.project
+  secret_id = var.kv_mac_secret_name != "" ? var.kv_mac_secret_name : "${var.name}-kv-mac"
+  labels    = local.labels
+
+  replication {
+    auto {}
+  }
+}
+
+resource "google_secret_manager_secret_iam_member" "node_reads_kv_mac" {
+  project   = var.project
+  secret_id = google_secret_manager_secret.kv_mac.secret_id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.node.email}"
+}

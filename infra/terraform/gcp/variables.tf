@@ -254,3 +254,9 @@ variable "tls_secret_names" {
   type        = map(string)
   default     = {}
 }
+
+variable "kv_mac_secret_name" {
+  description = "Secret Manager secret id of the cluster's KV MAC keyring; empty: <name>-kv-mac."
+  type        = string
+  default     = ""
+}

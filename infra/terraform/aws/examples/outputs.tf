@@ -32,3 +32,13 @@ output "region" {
   description = "Region of the fleet."
   value       = var.region
 }
+
+output "tls_secret_arns" {
+  description = "Secrets Manager secrets to put each role's TLS bundle into (docs/security.md)."
+  value       = module.spotinfer.tls_secret_arns
+}
+
+output "kv_mac_secret_arn" {
+  description = "Secrets Manager secret to put the cluster's KV MAC keyring into (docs/deploy.md)."
+  value       = module.spotinfer.kv_mac_secret_arn
+}

@@ -17,3 +17,13 @@ output "fleet_label" {
   description = "Label that marks the fleet's instances."
   value       = module.spotinfer.fleet_label
 }
+
+output "tls_secret_ids" {
+  description = "Secret Manager secrets to add each role's TLS bundle to (docs/security.md)."
+  value       = module.spotinfer.tls_secret_ids
+}
+
+output "kv_mac_secret_id" {
+  description = "Secret Manager secret to add the cluster's KV MAC keyring to (docs/deploy.md)."
+  value       = module.spotinfer.kv_mac_secret_id
+}
