@@ -95,6 +95,7 @@ AUTHORIZATION = {
         "Drain": _ADMINS,
         "InjectNotice": _ADMINS,
         "RegisterWorker": roles(WORKER, OPERATOR),
+        "DeregisterWorker": roles(WORKER, OPERATOR),
     },
 }
 
