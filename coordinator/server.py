@@ -30,6 +30,7 @@ from common.authz import (
 )
 from common.channels import async_server, listen
 from common.errors import InvalidRequest
+from common.messages import WorkerCapacity
 from common.requests import SlaClass
 from common.rpc import add_health_and_reflection, maps_errors, set_serving, stop_on_signals
 from coordinator.admission import Admission, AdmissionLimits
@@ -152,6 +153,16 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.CancelResponse(cancelled=cancelled, generated_tokens=generated)
 
 
+def _check_capacity(capacity: WorkerCapacity | None) -> None:
+    """A registration's capacity must be one a worker could report: more free KV blocks than
+    it has would make every later status answer fail to encode its used blocks."""
+    if capacity is not None and capacity.kv_blocks_free > capacity.kv_blocks_total:
+        raise ValueError(
+            f"capacity: kv_blocks_free ({capacity.kv_blocks_free}) is over kv_blocks_total "
+            f"({capacity.kv_blocks_total})"
+        )
+
+
 def _admission_limits(config: CoordinatorConfig) -> AdmissionLimits:
     """The queue capacities and per-worker caps the config sets, per SLA class."""
     return AdmissionLimits(
@@ -221,6 +232,7 @@ class ControlService(control_pb2_grpc.ControlServicer):
             if request.daemon_address:
                 check_address(request.daemon_address)
             registration = registration_from_proto(request)
+            _check_capacity(registration.capacity)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
         entry, known = self._registry.register(registration)

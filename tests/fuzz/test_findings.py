@@ -9,7 +9,7 @@ import grpc
 import pytest
 import requests
 
-from protos.spotinfer.v1 import control_pb2
+from protos.spotinfer.v1 import control_pb2, worker_pb2
 from tests.coordinator.conftest import status_of
 from tests.fuzz.conftest import DEAD_ADDRESSES, FuzzCluster
 
@@ -84,3 +84,19 @@ def test_a_stop_that_is_not_strings_is_400_not_500(fuzz_cluster: FuzzCluster, st
     )
     assert response.status_code == 400, response.text
     assert "stop must be" in response.json()["error"]["message"]
+
+
+def test_a_capacity_with_more_free_blocks_than_it_has_is_invalid_argument(
+    fuzz_cluster: FuzzCluster,
+):
+    """RegisterWorker took kv_blocks_free over kv_blocks_total; every ClusterStatus after it
+    failed to encode the negative used-block count: INTERNAL "Value out of range"."""
+    request = control_pb2.RegisterWorkerRequest(
+        address=DEAD_ADDRESSES[0],
+        capacity=worker_pb2.WorkerStats(kv_blocks_total=8, kv_blocks_free=1200),
+    )
+    with pytest.raises(grpc.RpcError) as raised:
+        fuzz_cluster.coordinator.control.RegisterWorker(request, timeout=10)
+    assert status_of(raised.value) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "kv_blocks_free" in raised.value.details()  # type: ignore[attr-defined]
+    fuzz_cluster.coordinator.control.ClusterStatus(control_pb2.ClusterStatusRequest(), timeout=10)
