@@ -35,7 +35,8 @@ class ClusterSecrets:
 
     @classmethod
     def make(cls, folder: Path) -> ClusterSecrets:
-        folder = folder / FOLDER_NAME
+        # Absolute: the processes (redis-server among them) run in folders of their own.
+        folder = folder.resolve() / FOLDER_NAME
         ca = make_ca(folder)
         nodes = tuple((role, make_node_cert(ca, folder, role, role)) for role in NODE_ROLES)
         keys_file = folder / KEYS_FILE_NAME
