@@ -8,7 +8,7 @@ depth P and in alternating order, the same number of KV blocks of SmolLM2-135M g
 (30 layers x 3 KV heads x 128 tokens x 2 x 64 x bf16 = 2,949,120 payload bytes) is written by
 
 - ``writer``: the worker's `KVBlockWriter` (what the connector hands blocks to): per block,
-  `kv_layout.copy_block` copies every layer's slot of a paged bf16 cache of this geometry
+  `KVCopier.gather` copies every layer's slot of a paged bf16 cache of this geometry
   straight into the buffer it will be sent from; the writer thread seals it in place
   (header, CRC-32) and `RedisStore.put_blocks` sends it (a plain SET per block, one
   ATTACH_BLOCK script per request and batch), P blocks per engine step, the next step
@@ -68,7 +68,8 @@ from store.block_codec import chain_hash, encode_block, header_bytes, seal_block
 from store.redis_link import RedisClient, connect
 from worker.constants import KV_WRITE_QUEUE_BLOCKS
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
-from worker.kv_layout import block_buffer, copy_block
+from worker.kv_copy import VLLM_LAYOUTS, BlockShape, KVCopier
+from worker.kv_layout import block_buffer
 
 PATHS = ("writer", "put_blocks", "redis-py SET", "redis-benchmark")
 BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
@@ -118,9 +119,29 @@ class BatchRecordingStore(RedisStore):
 
 
 def kv_format_for(geometry: Geometry, fingerprint: str) -> KVFormat:
-    layout = (
-        f"cpu:paged-blocks-first:kv_heads={geometry.kv_heads},block={BLOCK_TOKENS},"
-        f"head_dim={geometry.head_dim},head_dim_v={geometry.head_dim}"
+    """The format a vLLM-CPU worker's connector stores bf16 blocks of this geometry in (one
+    value per 128-token block), so that what this process reads verifies."""
+    from types import SimpleNamespace
+
+    from worker.kv_layout import (
+        TOKEN_COLUMN_ISAS,
+        ParallelPlace,
+        cpu_attention_isa,
+        layout_string,
+    )
+
+    isa = cpu_attention_isa(
+        SimpleNamespace(dtype=torch.bfloat16, block_size=BLOCK_TOKENS, head_size=geometry.head_dim)
+    )
+    shape = BlockShape(geometry.kv_heads, BLOCK_TOKENS, 2 * geometry.head_dim * BF16_BYTES)
+    layout = layout_string(
+        "CPU_ATTN",
+        VLLM_LAYOUTS[0],
+        shape,
+        "bfloat16",
+        ParallelPlace(),
+        "kt-v" if isa in TOKEN_COLUMN_ISAS else "whole",
+        isa,
     )
     return KVFormat(fingerprint, "bfloat16", layout, geometry.layers, BLOCK_TOKENS)
 
@@ -153,6 +174,10 @@ class Bench:
             for _ in range(geometry.layers)
         ]
         self._header_bytes = header_bytes(self._format)
+        shape = BlockShape(
+            geometry.kv_heads, BLOCK_TOKENS, 2 * geometry.head_dim * BF16_BYTES, BF16_BYTES
+        )
+        self._copier = KVCopier(VLLM_LAYOUTS[0], shape, geometry.layers, "whole", "bench")
         self._payload = bytes(block_buffer(self._copy(0))[self._header_bytes :])
         self.value_bytes = len(
             encode_block(KVBlock(self._format, bytes(16), BLOCK_TOKENS, self._payload))
@@ -161,7 +186,7 @@ class Bench:
 
     def _copy(self, slot: int) -> torch.Tensor:
         """What the connector does inside a step: one block, all layers, into its send buffer."""
-        return copy_block(self._layers, slot % CACHE_SLOTS, self._header_bytes)
+        return self._copier.gather(self._layers, [slot % CACHE_SLOTS], 0, self._header_bytes)
 
     def _fresh_server(self) -> int:
         """Empty the server and create the request the blocks are linked to."""

@@ -131,7 +131,14 @@ def measure(
         task = progress.add_task("loading two workers", total=rounds * 2 + 1)
         admin = redis.Redis.from_url(server.url)
         store = RedisStore.from_url(server.url)
-        store_flags = () if control else ("--redis-url", server.url, "--kv-persist-policy", "eager")
+        store_flags = (
+            ()
+            if control
+            else (
+                *("--redis-url", server.url, "--kv-persist-policy", "eager"),
+                *("--kv-chunk-tokens", str(BLOCK_TOKENS)),  # one value per 128-token block
+            )
+        )
         workers = {
             "off": WorkerProcess(model, *flags),
             "on": WorkerProcess(model, *flags, *store_flags),

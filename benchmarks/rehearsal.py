@@ -12,15 +12,18 @@ units run by the rehearsal's supervisor; the client is a VM of its own.
   → the coordinator lists the node (engine load, registration); ``first_token_s`` = the unit's
   start → the first token of a request the node served, sent from the client VM as soon as
   it was registered.
-- Notice (`--repeats` rounds on a fleet of two nodes): 32 long greedy streams; once each is
-  150 tokens in the noticed node's metadata service announces the termination. ``notice_ms`` =
+- Notice (`--repeats` rounds on a fleet of two nodes): 16 long greedy streams (2,400-2,500
+  tokens, so every one is still decoding when its move is done); once each is 150 tokens in
+  the noticed node's metadata service announces the termination. ``notice_ms`` =
   the announcement → the first token the target node produced for a moved request (the
   watcher's poll, the flush, the move, one decode step); ``gap_ms`` = the longest pause the
-  client saw on that stream. Medians over rounds.
+  client saw on that stream. Medians over rounds. The JSON also holds the machine's load
+  average at the start and the end (`os.getloadavg`).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -32,14 +35,19 @@ from rich.console import Console
 from benchmarks.harness import benchmark_parser, print_table, write_json
 from spotinfer.loadgen import RequestTrace
 from spotinfer.rehearsal.fleet import SMALL_WORKER, Rehearsal, RehearsalConfig
-from spotinfer.rehearsal.streams import Streams, plan, run_streams
+from spotinfer.rehearsal.streams import plan
 
 VOCAB_SIZE = 512
 NODE_ENVIRONMENT = {"SPOTINFER_POLL_INTERVAL_SECONDS": "0.5"}
 WORKER_UNIT = "spotinfer-worker.service"
-STREAMS = 32  # 16 per node: slow enough per stream that a notice lands mid-stream
-# Room for 16 streams on a node (the rehearsal's small worker otherwise).
-WORKER_ENVIRONMENT = {**SMALL_WORKER, "SPOTINFER_MAX_NUM_SEQS": "32"}
+STREAMS = 16  # 8 per node
+NOTICE_OUTPUT = (2400, 2500)
+# Room for long streams on a node (the rehearsal's small worker otherwise).
+WORKER_ENVIRONMENT = {
+    **SMALL_WORKER,
+    "SPOTINFER_MAX_NUM_SEQS": "32",
+    "SPOTINFER_MAX_MODEL_LEN": "3072",
+}
 
 
 def _model(name: str, workdir: Path) -> Path:
@@ -56,7 +64,7 @@ def measure_boot(fleet: Rehearsal, round_index: int) -> dict[str, float]:
     registered = time.time()
     unit_start = vm.services[WORKER_UNIT].starts[0].started_at
     sent = time.perf_counter()
-    traces = run_streams(fleet.coordinator_target, plan(1, f"boot-{round_index}", VOCAB_SIZE))
+    traces = fleet.run_streams(plan(1, f"boot-{round_index}", VOCAB_SIZE))
     first = traces[0].token_times[0] - sent + registered
     assert traces[0].token_workers[0] == vm.worker_id
     fleet.terminate(vm)
@@ -68,8 +76,8 @@ def _moved(traces: list[RequestTrace], noticed: str) -> list[RequestTrace]:
 
 
 def measure_notice(fleet: Rehearsal, round_index: int) -> dict[str, float]:
-    planned = plan(STREAMS, f"notice-{round_index}", VOCAB_SIZE, output_tokens=(940, 960))
-    streams = Streams(fleet.coordinator_target, planned).start()
+    planned = plan(STREAMS, f"notice-{round_index}", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
+    streams = fleet.streams(planned).start()
     while len(streams.live) < STREAMS or min(len(t.token_ids) for t in streams.live) < 150:
         time.sleep(0.02)
     counts: dict[str, int] = {}
@@ -114,7 +122,12 @@ def main() -> None:
         node_environment=NODE_ENVIRONMENT,
         worker_environment=WORKER_ENVIRONMENT,
     )
-    result: dict[str, Any] = {"cloud": args.cloud, "boot": [], "notice": []}
+    result: dict[str, Any] = {
+        "cloud": args.cloud,
+        "boot": [],
+        "notice": [],
+        "load_average_start": os.getloadavg(),
+    }
     with Rehearsal(config) as fleet:
         for i in range(args.boots):
             result["boot"].append(measure_boot(fleet, i))
@@ -125,6 +138,7 @@ def main() -> None:
         for i in range(args.repeats):
             result["notice"].append(measure_notice(fleet, i))
             console.print(f"notice {i}: {result['notice'][-1]}")
+    result["load_average_end"] = os.getloadavg()
     rows = []
     for part, keys in (
         ("boot", ("registered_s", "first_token_s")),

@@ -227,6 +227,8 @@ def worker_flags(redis_url: str, worker_id: str, policy: str = "eager") -> tuple
         *engine_flags("bfloat16", MAX_MODEL_LEN, KV_CACHE_BYTES),
         *("--redis-url", redis_url),
         *("--kv-persist-policy", policy),
+        # One stored value per 128-token block, as when these figures were measured.
+        *("--kv-chunk-tokens", str(BLOCK_TOKENS)),
         *("--worker-id", worker_id),
     )
 

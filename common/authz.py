@@ -3,10 +3,18 @@ one server interceptor that enforces it (and the per-key abuse limits) before a 
 method runs.
 
     peer certificate  URI SAN spiffe://spotinfer/role/<role>  ─┐
-    (mutual TLS)      coordinator | worker | daemon | operator  ├─▶ Caller(roles, tenant)
+    (mutual TLS)      coordinator | worker | daemon | operator  │
+                      URI SAN spiffe://spotinfer/node/<name>    ├─▶ Caller(roles, tenant)
+                      a daemon of the server's own node: own-daemon
     API key           authorization: Bearer spk_<id>_<secret>   ─┘        │
                       tenant | admin (common.api_keys)                    ▼
                                          table[method] ∩ roles ? call : PERMISSION_DENIED
+
+The own daemon: a server that names its node (a worker: its worker id) takes a daemon
+certificate for the `OWN_DAEMON` role when the certificate names that node, or, for one that
+names no node (one bundle shared by a fleet's worker VMs proves no node), when the call
+comes over a connection no other machine can open (a unix socket, loopback). A daemon
+certificate naming another node is never its own daemon, on any connection.
 
 A plaintext connection can only come to a server without TLS (loopback, tests): its peer is
 trusted as any cluster node, unless the server holds API keys. A server without a keys file
@@ -31,11 +39,14 @@ from common.api_keys import ADMIN_ROLE, TENANT_ROLE, KeyRing, bearer_token
 from common.errors import PermissionDenied, RateLimited, ServiceError, Unauthenticated
 
 ROLE_URI_PREFIX = "spiffe://spotinfer/role/"
+NODE_URI_PREFIX = "spiffe://spotinfer/node/"
 COORDINATOR = "coordinator"
 WORKER = "worker"
 DAEMON = "daemon"
 OPERATOR = "operator"
 NODE_ROLES = (COORDINATOR, WORKER, DAEMON, OPERATOR)
+OWN_DAEMON = "own-daemon"
+"""Not a certificate role: what a daemon certificate counts as on a server of its own node."""
 AUTHORIZATION_METADATA_KEY = "authorization"
 
 Table = Mapping[str, Mapping[str, frozenset[str]]]
@@ -45,6 +56,10 @@ that its table does not name is refused; services not listed (health, reflection
 
 def role_uri(role: str) -> str:
     return ROLE_URI_PREFIX + role
+
+
+def node_uri(node: str) -> str:
+    return NODE_URI_PREFIX + node
 
 
 def roles(*names: str) -> frozenset[str]:
@@ -60,7 +75,7 @@ class Caller:
     key_id: str = ""
 
 
-OPEN_CALLER = Caller(roles(TENANT_ROLE, ADMIN_ROLE, *NODE_ROLES))
+OPEN_CALLER = Caller(roles(TENANT_ROLE, ADMIN_ROLE, *NODE_ROLES, OWN_DAEMON))
 # Without a keys file every caller holds the key roles; node roles still come from certificates.
 _KEYLESS_ROLES = roles(TENANT_ROLE, ADMIN_ROLE)
 _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("spotinfer_caller")
@@ -198,9 +213,14 @@ class Gatekeeper:
             raise Unauthenticated(
                 f"{what} needs an API key (authorization: Bearer <key>) or a client certificate"
             )
+        foreign = (
+            " (a daemon of another node)"
+            if OWN_DAEMON in allowed and DAEMON in caller.roles
+            else ""
+        )
         raise PermissionDenied(
             f"{what} is for {', '.join(sorted(allowed))}; the caller is "
-            f"{', '.join(sorted(caller.roles))}"
+            f"{', '.join(sorted(caller.roles))}{foreign}"
         )
 
     @contextmanager
@@ -213,28 +233,50 @@ class Gatekeeper:
             yield
 
 
-def certificate_roles(context: grpc.aio.ServicerContext, trust_plaintext: bool) -> frozenset[str]:
-    """The node roles the peer's certificate names (the URI SAN), or, on a plaintext
-    connection of a server trusting those, every node role."""
+def certificate_roles(
+    context: grpc.aio.ServicerContext, trust_plaintext: bool, own_node: str = ""
+) -> frozenset[str]:
+    """The node roles the peer's certificate names (the URI SAN), with `OWN_DAEMON` for a
+    daemon of ``own_node`` (the server's node, "" for none); on a plaintext connection of a
+    server trusting those, every role."""
     auth = context.auth_context() or {}
     security = auth.get("transport_security_type", [b""])
     if security != [b"ssl"]:
-        return roles(*NODE_ROLES) if trust_plaintext else roles()
+        return roles(*NODE_ROLES, OWN_DAEMON) if trust_plaintext else roles()
     found = set()
+    nodes = set()
     for uri in auth.get("peer_uri", []) + auth.get("peer_spiffe_id", []):
         text = uri.decode(errors="replace")
         if text.startswith(ROLE_URI_PREFIX) and text[len(ROLE_URI_PREFIX) :] in NODE_ROLES:
             found.add(text[len(ROLE_URI_PREFIX) :])
+        elif text.startswith(NODE_URI_PREFIX):
+            nodes.add(text[len(NODE_URI_PREFIX) :])
+    if DAEMON in found and own_node and is_own_node(nodes, own_node, context.peer()):
+        found.add(OWN_DAEMON)
     return frozenset(found)
+
+
+def is_own_node(peer_nodes: set[str], own_node: str, peer_address: str) -> bool:
+    """Whether a peer is of the server's node ``own_node``: its certificate names that node,
+    or it names none and ``peer_address`` (gRPC's peer string) is a unix socket or
+    loopback, which only processes of this machine can connect from."""
+    if peer_nodes:
+        return own_node in peer_nodes
+    return peer_address.startswith(_LOCAL_PEER_PREFIXES)
+
+
+_LOCAL_PEER_PREFIXES = ("unix:", "ipv4:127.", "ipv6:[::1]:", "ipv6:%5B::1%5D:")
 
 
 class AuthorizationInterceptor(grpc.aio.ServerInterceptor):
     """Checks every call of a service in ``table`` before its servicer method runs; the
     caller is then `current_caller()` inside the method."""
 
-    def __init__(self, table: Table, gatekeeper: Gatekeeper | None = None) -> None:
+    def __init__(self, table: Table, gatekeeper: Gatekeeper | None = None, node: str = "") -> None:
+        """``node``: the server's own node (a worker's id), whose daemon holds `OWN_DAEMON`."""
         self._table = table
         self._gatekeeper = gatekeeper or Gatekeeper()
+        self._node = node
 
     async def intercept_service(
         self,
@@ -247,7 +289,7 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or methods is None:
             return handler
         allowed = methods.get(method, frozenset())
-        return _guarded(handler, self._gatekeeper, allowed, f"{service}/{method}")
+        return _guarded(handler, self._gatekeeper, allowed, f"{service}/{method}", self._node)
 
 
 def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str:
@@ -258,14 +300,18 @@ def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str:
 
 
 def _guarded(
-    handler: grpc.RpcMethodHandler, gatekeeper: Gatekeeper, allowed: frozenset[str], what: str
+    handler: grpc.RpcMethodHandler,
+    gatekeeper: Gatekeeper,
+    allowed: frozenset[str],
+    what: str,
+    own_node: str,
 ) -> grpc.RpcMethodHandler:
     trust_plaintext = not gatekeeper.holds_keys
 
     async def enter(context: grpc.aio.ServicerContext) -> Caller:
         try:
             caller = gatekeeper.caller(
-                certificate_roles(context, trust_plaintext),
+                certificate_roles(context, trust_plaintext, own_node),
                 _metadata_value(context, AUTHORIZATION_METADATA_KEY),
             )
             gatekeeper.check(caller, allowed, what)

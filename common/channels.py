@@ -13,7 +13,10 @@ passes ``client_auth=False``.
 
 Renewal: servers load their certificate through a fetcher gRPC calls at each handshake; it
 rereads the files when one changed (mtime or size), so a renewed certificate is served
-without a restart. A client channel reads the files when it is made.
+without a restart. An asyncio client channel (every process's) looks at the same stamps on
+each call and, when they changed, makes the next call on a channel rebuilt from the new files
+(`common.renewing_channel`): renewed client certificates need no restart either. A blocking
+channel (the user's tools, short-lived) reads the files when it is made.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 import grpc
 
+from common.renewing_channel import RenewingChannel
 from common.rpc import RejectsUndecodable
 
 log = logging.getLogger(__name__)
@@ -139,16 +143,21 @@ def async_channel(
     api_key: str = "",
 ) -> grpc.aio.Channel:
     """An asyncio channel to ``address`` (``host:port`` or ``unix:/path``); ``api_key`` as
-    for `sync_channel`."""
+    for `sync_channel`. With TLS it follows renewals of the transport's files."""
     options = message_size_options(max_message_bytes)
     if transport.tls:
         options += _tls_target_options(address)
-        credentials = channel_credentials(transport)
-        if api_key:
-            credentials = grpc.composite_channel_credentials(
-                credentials, grpc.access_token_call_credentials(api_key)
-            )
-        return grpc.aio.secure_channel(address, credentials, options=options)
+
+        def build() -> grpc.aio.Channel:
+            credentials = channel_credentials(transport)
+            if api_key:
+                credentials = grpc.composite_channel_credentials(
+                    credentials, grpc.access_token_call_credentials(api_key)
+                )
+            return grpc.aio.secure_channel(address, credentials, options=options)
+
+        files = CertificateFiles(transport)
+        return RenewingChannel(build, files.changed, files.pair_usable)
     interceptors = [_AsyncBearerUnary(api_key), _AsyncBearerStream(api_key)] if api_key else None
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
@@ -250,7 +259,7 @@ def http_ssl_context(transport: TransportConfig) -> ssl.SSLContext | None:
 
 
 class CertificateFiles:
-    """A server's certificate, key and CA files and the stamp (mtime, size) they were last
+    """A process's certificate, key and CA files and the stamp (mtime, size) they were last
     read at; `fetch_if_changed` is gRPC's certificate-configuration fetcher."""
 
     def __init__(self, transport: TransportConfig) -> None:
@@ -272,6 +281,18 @@ class CertificateFiles:
             else:
                 stamps.append((info.st_mtime_ns, info.st_size))
         return tuple(stamps)
+
+    def pair_usable(self) -> bool:
+        """Whether the certificate and key belong together (no certificate: True); False
+        while a renewal is half written."""
+        t = self._transport
+        if not t.cert_file:
+            return True
+        try:
+            ssl.create_default_context().load_cert_chain(t.cert_file, t.key_file)
+        except (OSError, ssl.SSLError):
+            return False
+        return True
 
     def server_configuration(self) -> Any:
         t = self._transport

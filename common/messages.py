@@ -40,6 +40,9 @@ class WorkerCapacity:
     tokens_per_second: float
     generated_tokens_total: int = 0
     requests_total: int = 0
+    stopping_deadline_unix: float = 0.0
+    """> 0: the worker is being stopped (SIGTERM) and leaves by then; its requests move as
+    on a termination notice."""
 
     @property
     def kv_blocks_used(self) -> int:
@@ -124,3 +127,17 @@ class Registration:
     capacity: WorkerCapacity | None = None
     model_fingerprint: str = ""
     model: str = ""
+
+
+@dataclass(frozen=True)
+class ClassCapView:
+    """One class's admission cap on one worker, as `spotinfer status` shows it: the cap, the
+    batch controller's last decision and why, and what it measured (seconds; 0: none)."""
+
+    sla_class: int  # common.requests.SlaClass
+    cap: int  # 0: no class cap
+    decision: str  # start | grow | shrink | hold | static
+    reason: str
+    ttft_p99_seconds: float = 0.0
+    tpot_seconds: float = 0.0
+    samples: int = 0

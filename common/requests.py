@@ -15,6 +15,19 @@ class SlaClass(enum.IntEnum):
     BATCH = 2
 
 
+PRIORITY_LEVELS = 100
+"""A request's own priority orders it within its class: 0 (first) .. PRIORITY_LEVELS - 1."""
+DEFAULT_PRIORITY = PRIORITY_LEVELS // 2
+"""The priority of a request that names none: the middle, so a client can go either way."""
+
+
+def engine_priority(sla_class: SlaClass, priority: int | None = None) -> int:
+    """vLLM's priority value (lower is scheduled first, ties by arrival): every INTERACTIVE
+    request before every BATCH one, then the request's own priority within its class."""
+    own = DEFAULT_PRIORITY if priority is None else priority
+    return (int(sla_class) - 1) * PRIORITY_LEVELS + own
+
+
 class FinishReason(enum.IntEnum):
     NONE = 0  # the stream goes on
     STOP = 1
@@ -56,6 +69,9 @@ class GenerationRequest:
     tenant: str = ""
     """Whose request it is; the coordinator sets it from the API key ("": the default
     tenant). KV blocks and vLLM's prefix cache are shared within a tenant only."""
+    priority: int | None = None
+    """Its order within its class on the engine (0 first; None: `DEFAULT_PRIORITY`; see
+    `engine_priority`)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,19 @@ class Event:
 
 
 @dataclass(frozen=True)
+class EngineTiming:
+    """When the engine queued and first scheduled a request, on the engine core's monotonic
+    clock (comparable between requests of one worker only): vLLM's own request stats."""
+
+    queued_at: float
+    scheduled_at: float
+
+    @property
+    def queue_seconds(self) -> float:
+        return max(0.0, self.scheduled_at - self.queued_at)
+
+
+@dataclass(frozen=True)
 class TokenChunk:
     """New output of one engine step: `token_ids` start at output index `index`."""
 
@@ -79,6 +108,8 @@ class TokenChunk:
     finish_reason: FinishReason = FinishReason.NONE
     event: Event | None = None
     worker_id: str = ""
+    engine_timing: EngineTiming | None = None
+    """On the first chunk with tokens from an engine: when that engine scheduled it."""
 
     @property
     def finished(self) -> bool:

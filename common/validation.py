@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.errors import InvalidRequest
-from common.requests import Sampling
+from common.requests import PRIORITY_LEVELS, Sampling
 
 __all__ = [
     "InvalidRequest",
     "Limits",
     "check_prompt_choice",
+    "check_priority",
     "check_prompt_tokens",
     "check_request_id",
     "check_sampling",
@@ -41,6 +42,16 @@ def check_request_id(request_id: str) -> None:
         raise InvalidRequest(f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters")
     if any(ch.isspace() or not ch.isprintable() for ch in request_id):
         raise InvalidRequest("request_id must be printable and contain no whitespace")
+    if "{" in request_id or "}" in request_id:  # the store's keys use them as hash tags
+        raise InvalidRequest("request_id must not contain a brace")
+
+
+def check_priority(priority: int) -> None:
+    """A request's own priority within its class (lower is served first)."""
+    if not 0 <= priority < PRIORITY_LEVELS:
+        raise InvalidRequest(
+            f"priority must be in 0..{PRIORITY_LEVELS - 1} (lower is served first), got {priority}"
+        )
 
 
 def check_prompt_choice(prompt: str, prompt_token_ids: Sequence[int]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from common.channels import TransportConfig
 from common.config_source import ConfigSource
 from context_daemon.constants import (
+    AWS_LIFECYCLE_DRAIN_SECONDS,
     DEFAULT_DAEMON_PORT,
     DEFAULT_GRACE_SECONDS,
     DEFAULT_HANDOFF_SECONDS,
@@ -93,6 +94,15 @@ class DaemonConfig:
             "flushing anyway (at most half the time left); 0: flush at once"
         },
     )
+    lifecycle_drain_seconds: float = field(
+        default=AWS_LIFECYCLE_DRAIN_SECONDS,
+        metadata={
+            "help": "aws: how long an instance its auto scaling group terminates stays in "
+            "Terminating:Wait (the lifecycle hook's heartbeat timeout, Terraform's "
+            "termination_drain_seconds): the deadline of the notice the target lifecycle "
+            "state 'Terminated' gives; 0: the lifecycle state is not watched"
+        },
+    )
     poll_interval_seconds: float = field(
         default=0.0, metadata={"help": "seconds between metadata polls; 0: the source's default"}
     )
@@ -117,6 +127,8 @@ class DaemonConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+        if self.lifecycle_drain_seconds < 0:
+            raise ValueError("lifecycle_drain_seconds must not be negative")
         if self.grace_seconds < 0 or self.poll_interval_seconds < 0 or self.handoff_seconds < 0:
             raise ValueError(
                 "grace_seconds, handoff_seconds and poll_interval_seconds must not be negative"
@@ -133,6 +145,8 @@ class DaemonConfig:
             options["poll_interval_seconds"] = self.poll_interval_seconds
         if self.notice_source in ("aws", "gcp", "azure") and self.metadata_url:
             options["base_url"] = self.metadata_url
+        if self.notice_source == "aws":
+            options["lifecycle_drain_seconds"] = self.lifecycle_drain_seconds
         if self.notice_source == "gcp":
             options["notice_seconds"] = self.effective_grace_seconds
         elif self.notice_source == "file":

@@ -8,6 +8,10 @@ AWS_TOKEN_TTL_SECONDS = 21600
 # Refresh the IMDSv2 token this long before it expires, so no request carries a dying token.
 AWS_TOKEN_REFRESH_MARGIN_SECONDS = 60.0
 AWS_NOTICE_SECONDS = 120.0
+# How long an instance its auto scaling group terminates (scale-in, instance refresh, capacity
+# rebalancing) stays in Terminating:Wait: the lifecycle hook's heartbeat timeout, as
+# infra/terraform/aws sets it (termination_drain_seconds).
+AWS_LIFECYCLE_DRAIN_SECONDS = 120.0
 GCP_POLL_INTERVAL_SECONDS = 1.0
 GCP_DEFAULT_NOTICE_SECONDS = 30.0
 GCP_MAX_NOTICE_SECONDS = 120.0

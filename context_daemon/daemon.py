@@ -41,7 +41,13 @@ from context_daemon.constants import (
     HANDOFF_MAX_SHARE,
     SUBSCRIBER_QUEUE_EVENTS,
 )
-from context_daemon.notices import Notice, NoticeAction, NoticeWatcher, create_watcher
+from context_daemon.notices import (
+    Notice,
+    NoticeAction,
+    NoticeSourceError,
+    NoticeWatcher,
+    create_watcher,
+)
 from context_daemon.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
@@ -140,6 +146,8 @@ class DaemonState:
     last_notice: Notice | None = None
     flushes: int = 0
     last_flush: dict[str, FlushReport] = field(default_factory=dict)
+    acknowledged: list[Notice] = field(default_factory=list)
+    """Notices the cloud was told it may act on now (Azure: the event approved)."""
 
 
 class ContextDaemon:
@@ -280,6 +288,7 @@ class ContextDaemon:
                         self.state.last_flush[report.request_id] = report
                         self._call_hook(self._hook.progress, notice, report)
                         yield report
+                    await self._acknowledge()
                     return
                 except grpc.aio.AioRpcError as error:
                     if self._clock() >= deadline_unix or not _retryable(error):
@@ -291,6 +300,32 @@ class ContextDaemon:
                         error.code(),
                     )
                     await asyncio.sleep(DAEMON_RETRY_SECONDS)
+
+    async def _acknowledge(self) -> None:
+        """After a flush in which every request's state reached the store: the cloud may take
+        the VM now (Azure approves the Preempt event). A flush with an incomplete request
+        approves nothing: the VM keeps its time to the deadline."""
+        notice = self.state.last_notice
+        if notice is None or not notice.action.ends_vm or self._acknowledged(notice):
+            return
+        incomplete = [r.request_id for r in self.state.last_flush.values() if not r.complete]
+        if incomplete:
+            log.warning("not acknowledging the notice: %d request(s) incomplete", len(incomplete))
+            return
+        try:
+            await asyncio.to_thread(self._watcher.acknowledge, notice)
+        except NoticeSourceError as error:
+            log.error("acknowledging the notice failed: %s", error)
+            return
+        self.state.acknowledged.append(notice)
+        log.info("notice from %s acknowledged: the state is safe", notice.source)
+
+    def _acknowledged(self, notice: Notice) -> bool:
+        """Told already: the same notice, or the same cloud event seen again."""
+        return any(
+            seen == notice or (notice.event_id is not None and seen.event_id == notice.event_id)
+            for seen in self.state.acknowledged
+        )
 
     def _call_hook(self, method: Callable[..., None], *args: object) -> None:
         try:

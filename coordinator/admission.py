@@ -10,6 +10,10 @@ optionally fewer per SLA class. INTERACTIVE is served before BATCH: a freed slot
 oldest INTERACTIVE request that fits, and a BATCH request only ever takes a slot that no
 waiting INTERACTIVE request can use (their class cap is reached on that worker) — a cap
 must not leave slots idle while requests wait. Within a class, first come first served.
+
+With the batch controller on (`batch_controller.py`), each class's cap on each worker is the
+one the controller set last, not the static one: a cap it shrank leaves slots idle on
+purpose, so that the INTERACTIVE class decodes fast enough.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from common.requests import GenerationRequest, SlaClass
 from coordinator.errors import NoWorkerAvailable, QueueFull
@@ -38,6 +43,12 @@ class AdmissionLimits:
     max_seqs_per_worker: int  # 0: each worker's max_num_seqs
     class_cap_per_worker: dict[SlaClass, int]  # 0: no cap for that class
     retry_after_ms: int
+
+
+class ClassCaps(Protocol):
+    """Per-worker caps per class that move at run time (the batch controller)."""
+
+    def cap(self, entry: WorkerEntry, sla: SlaClass) -> int: ...
 
 
 class Lease:
@@ -70,6 +81,7 @@ class Ticket:
     future: asyncio.Future[Lease] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    enqueued_monotonic: float = 0.0
 
 
 class Admission:
@@ -92,11 +104,29 @@ class Admission:
         self._queues: dict[SlaClass, collections.deque[Ticket]] = {
             sla: collections.deque() for sla in SlaClass
         }
+        self._caps: ClassCaps | None = None
+
+    def use_caps(self, caps: ClassCaps) -> None:
+        """Class caps from ``caps`` from now on (the batch controller), not the static ones."""
+        self._caps = caps
 
     # -- queries -------------------------------------------------------------------------
 
     def depth(self, sla_class: SlaClass) -> int:
         return len(self._queues[sla_class])
+
+    def oldest_wait_seconds(self, sla_class: SlaClass) -> float:
+        """How long the oldest request still queued in ``sla_class`` has waited (0: none)."""
+        waiting = [t for t in self._queues[sla_class] if not t.future.done()]
+        if not waiting:
+            return 0.0
+        return max(0.0, self._registry.now() - waiting[0].enqueued_monotonic)
+
+    def class_cap(self, entry: WorkerEntry, sla: SlaClass) -> int:
+        """The most ``sla`` requests that may be in flight on ``entry`` (0: no class cap)."""
+        if self._caps is not None:
+            return self._caps.cap(entry, sla)
+        return self._limits.class_cap_per_worker.get(sla, 0)
 
     def capacity(self, sla_class: SlaClass) -> int:
         return self._limits.queue_capacity[sla_class]
@@ -117,7 +147,7 @@ class Admission:
         sla = request.sla_class
         if not self._registry.routable() and self._pool.promote_one() is None:
             raise NoWorkerAvailable("no worker is ready to serve requests")
-        ticket = Ticket(request)
+        ticket = Ticket(request, enqueued_monotonic=self._registry.now())
         # Waiting requests of a class before this one could use no free slot (every release
         # pumps the queues), so a free slot this request fits is one they cannot take.
         if not self._queues[sla]:
@@ -187,7 +217,7 @@ class Admission:
         noticed): a routable worker with room, else a promoted standby, else the head of its
         class's queue — beyond the queue's capacity, since the request was accepted once and
         must never fail for want of room; it runs as soon as a slot frees."""
-        ticket = Ticket(request)
+        ticket = Ticket(request, enqueued_monotonic=self._registry.now())
         lease = self.reserve(request, exclude)
         if lease is not None:
             ticket.future.set_result(lease)
@@ -195,6 +225,13 @@ class Admission:
         log.warning("request %s waits for a worker with room to move to", request.request_id)
         self._queues[request.sla_class].appendleft(ticket)
         self._on_change()
+        return ticket
+
+    def place_on(self, request: GenerationRequest, entry: WorkerEntry) -> Ticket:
+        """A slot on ``entry`` for a request that still runs there (adopted from a coordinator
+        that went away, see adoption.py): caps ignored, since it holds that slot already."""
+        ticket = Ticket(request)
+        ticket.future.set_result(self._lease(request, entry))
         return ticket
 
     def pump(self) -> None:
@@ -227,7 +264,7 @@ class Admission:
     def _has_room(self, entry: WorkerEntry, sla: SlaClass) -> bool:
         if entry.in_flight_total >= self.worker_slots(entry):
             return False
-        class_cap = self._limits.class_cap_per_worker.get(sla, 0)
+        class_cap = self.class_cap(entry, sla)
         return not class_cap or entry.in_flight[sla] < class_cap
 
     def _place(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ipaddress
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,8 +24,11 @@ from common.channels import TransportConfig
 from common.config_source import ConfigSource, unique_name
 from common.messages import POOL_CLOUDS
 from common.tuning_file import load_tuning_file
+from coordinator.batch_controller import BatchControllerConfig
 from coordinator.constants import (
+    DEFAULT_BATCH_LINES_IN_FLIGHT,
     DEFAULT_BATCH_QUEUE_CAPACITY,
+    DEFAULT_DISCONNECT_GRACE_SECONDS,
     DEFAULT_FAILOVER_POLICY,
     DEFAULT_GRPC_PORT,
     DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
@@ -34,12 +38,17 @@ from coordinator.constants import (
     DEFAULT_LOST_AFTER_SECONDS,
     DEFAULT_MAX_LEASE_TTL_SECONDS,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_REBALANCE_POLICY,
     DEFAULT_RECORD_RETENTION_SECONDS,
     DEFAULT_RECORD_TTL_SECONDS,
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_RETRY_AFTER_MS,
     DEFAULT_ROUTING_POLICY,
     DEFAULT_STANDBY_POOL_SIZE,
+    MAX_STOP_GRACE_SECONDS,
+    NOTICE_DEFAULT_GRACE_SECONDS,
+    REBALANCE_POLICIES,
+    SERVER_STOP_GRACE_SECONDS,
 )
 from store.store_config import StoreConfig
 
@@ -116,6 +125,13 @@ class CoordinatorConfig:
         default=DEFAULT_FAILOVER_POLICY,
         metadata={"help": "what happens to a request whose worker stream broke"},
     )
+    rebalance_policy: str = field(
+        default=DEFAULT_REBALANCE_POLICY,
+        metadata={
+            "help": "on an AWS rebalance recommendation: ignore, or migrate the worker's "
+            f"requests before any notice (within {NOTICE_DEFAULT_GRACE_SECONDS:g} s)"
+        },
+    )
     interactive_queue_capacity: int = field(
         default=DEFAULT_INTERACTIVE_QUEUE_CAPACITY,
         metadata={"help": "most INTERACTIVE requests waiting for a worker slot"},
@@ -142,6 +158,21 @@ class CoordinatorConfig:
     batch_max_per_worker: int = field(
         default=0, metadata={"help": "most BATCH requests on one worker; 0: no class cap"}
     )
+    batch_lines_in_flight: int = field(
+        default=DEFAULT_BATCH_LINES_IN_FLIGHT,
+        metadata={
+            "help": "lines of one Batch API job running at once (BATCH requests; the "
+            "admission caps then set each worker's workload batch)"
+        },
+    )
+    batch_controller: BatchControllerConfig = field(
+        default_factory=BatchControllerConfig,
+        metadata={
+            "help": "the adaptive workload-batch controller: moves each worker's per-class "
+            "caps at run time from measured TTFT / TPOT against the INTERACTIVE SLO, starting "
+            "from the static caps (the tuning file's)"
+        },
+    )
     retry_after_ms: int = field(
         default=DEFAULT_RETRY_AFTER_MS,
         metadata={"help": "base retry hint for a client whose queue was full"},
@@ -153,6 +184,14 @@ class CoordinatorConfig:
     lost_after_seconds: float = field(
         default=DEFAULT_LOST_AFTER_SECONDS,
         metadata={"help": "a worker silent this long is lost"},
+    )
+    disconnect_grace_seconds: float = field(
+        default=DEFAULT_DISCONNECT_GRACE_SECONDS,
+        metadata={
+            "help": "a running INTERACTIVE request whose every client left (HTTP hang-up, "
+            "cancelled gRPC call) is cancelled on its worker after this long unless one "
+            "attaches again; inf: it runs to its end. BATCH requests always run to their end"
+        },
     )
     max_lease_ttl_seconds: float = field(
         default=DEFAULT_MAX_LEASE_TTL_SECONDS,
@@ -202,6 +241,14 @@ class CoordinatorConfig:
         default_factory=AccessConfig,
         metadata={"help": "API keys of the public API and their per-key limits"},
     )
+    stop_grace_seconds: float = field(
+        default=SERVER_STOP_GRACE_SECONDS,
+        metadata={
+            "help": "on SIGTERM, how long the clients' open streams still run before they are "
+            "cut (UNAVAILABLE: they re-attach elsewhere or to the restarted coordinator); "
+            "their workers then pause the requests"
+        },
+    )
     allow_no_keys: bool = field(
         default=False,
         metadata={
@@ -216,6 +263,8 @@ class CoordinatorConfig:
                 raise ValueError(f"{name} must be in 0..65535, got {getattr(self, name)}")
         for value in (*self.workers, *self.standbys):
             split_worker_flag(value)
+        if self.batch_lines_in_flight < 1:
+            raise ValueError("batch_lines_in_flight must be at least 1")
         for name in ("interactive_queue_capacity", "batch_queue_capacity", "record_ttl_seconds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -228,6 +277,11 @@ class CoordinatorConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.rebalance_policy not in REBALANCE_POLICIES:
+            raise ValueError(
+                f"rebalance_policy must be one of {REBALANCE_POLICIES}, "
+                f"got {self.rebalance_policy!r}"
+            )
         if self.heartbeat_interval_seconds <= 0:
             raise ValueError("heartbeat_interval_seconds must be positive")
         if self.lost_after_seconds <= self.heartbeat_interval_seconds:
@@ -235,10 +289,20 @@ class CoordinatorConfig:
                 f"lost_after_seconds ({self.lost_after_seconds}) must be longer than "
                 f"heartbeat_interval_seconds ({self.heartbeat_interval_seconds})"
             )
+        if math.isnan(self.disconnect_grace_seconds) or self.disconnect_grace_seconds < 0:
+            raise ValueError(
+                "disconnect_grace_seconds must be a number of seconds >= 0 (inf: never "
+                f"cancel), got {self.disconnect_grace_seconds}"
+            )
         if self.max_lease_ttl_seconds <= 0:
             raise ValueError("max_lease_ttl_seconds must be positive")
         if self.retention_seconds < 0:
             raise ValueError("retention_seconds must not be negative")
+        if not 0 <= self.stop_grace_seconds <= MAX_STOP_GRACE_SECONDS:
+            raise ValueError(
+                f"stop_grace_seconds must be in [0, {MAX_STOP_GRACE_SECONDS:g}], "
+                f"got {self.stop_grace_seconds}"
+            )
         if self.record_retention_seconds <= 0:
             raise ValueError("record_retention_seconds must be positive")
         if self.max_message_bytes < 1024:

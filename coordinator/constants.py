@@ -7,13 +7,17 @@ DEFAULT_GRPC_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_INTERNAL_PORT = 50052  # mutual TLS only, when TLS is on
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
-SERVER_STOP_GRACE_SECONDS = 5.0
+SERVER_STOP_GRACE_SECONDS = 5.0  # default of --stop-grace-seconds
+MAX_STOP_GRACE_SECONDS = 3600.0
 
 # --- registry and heartbeats ------------------------------------------------------------------
 # Stats is the heartbeat: one call per worker per interval.
 DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 1.0
 # A worker that has not answered Stats for this long is LOST: its requests are interrupted.
 DEFAULT_LOST_AFTER_SECONDS = 5.0
+# A running request whose every client left is cancelled after this long unless one attaches
+# again (a client's own retry re-attaches well within it).
+DEFAULT_DISCONNECT_GRACE_SECONDS = 5.0
 # A worker that registers itself asks for its lease's TTL; none is kept longer than this.
 DEFAULT_MAX_LEASE_TTL_SECONDS = 30.0
 # One Stats call may not take longer than this; a slow answer counts as no answer.
@@ -42,6 +46,10 @@ SPAN_CONTEXT_TOKENS = 8
 # --- live migration on a notice -------------------------------------------------------------
 # A notice without a deadline (or one whose deadline we never heard) gives the worker this long.
 NOTICE_DEFAULT_GRACE_SECONDS = 30.0
+# What an AWS rebalance recommendation (elevated interruption risk, no deadline yet) does:
+# nothing (a notice may never come), or move the worker's requests before any notice.
+REBALANCE_POLICIES = ("ignore", "migrate")
+DEFAULT_REBALANCE_POLICY = "ignore"
 # The longest grace an operator may give a Drain or an injected notice (a day; clouds give
 # minutes at most).
 MAX_GRACE_SECONDS = 86_400.0
@@ -75,7 +83,8 @@ PREFETCH_TIMEOUT_SECONDS = 10.0
 
 # --- requests another coordinator started (restart, replicas) ---------------------------------
 # How long an adopted request may stay RUNNING in the store before it is resumed anyway (its
-# worker pauses it as soon as it sees its old caller's stream gone).
+# worker pauses it as soon as it sees its old caller's stream gone): on that worker, whose
+# Resume pauses the old run first, or elsewhere from the store when that worker is gone.
 ADOPT_PAUSE_WAIT_SECONDS = 10.0
 ADOPT_POLL_SECONDS = 0.05
 
@@ -91,3 +100,21 @@ DEFAULT_RECORD_RETENTION_SECONDS = 60.0
 DEFAULT_HTTP_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 MODEL_OWNER = "spotinfer"
+# The most prompts one /v1/completions body may list (each becomes its own request).
+MAX_PROMPTS_PER_REQUEST = 64
+
+# --- Batch API (batch_jobs.py, batch_runner.py, batch_front.py) --------------------------------
+BATCH_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+BATCH_COMPLETION_WINDOWS = {"24h": 24 * 3600}  # OpenAI's only window
+MAX_BATCH_LINES = 50_000  # OpenAI's limit per file
+MAX_CUSTOM_ID_CHARS = 512
+MAX_REPORTED_LINE_ERRORS = 10
+MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # the HTTP front's largest body (a file upload)
+MAX_BATCH_METADATA_PAIRS = 16  # OpenAI's metadata: up to 16 pairs
+DEFAULT_BATCH_LINES_IN_FLIGHT = 64  # a job's lines running at once (a large workload batch)
+BATCH_LEASE_TTL_SECONDS = 6.0  # a job whose coordinator died is taken over after this
+BATCH_LEASE_RENEW_SECONDS = 2.0
+BATCH_SCAN_SECONDS = 3.0  # how often unfinished jobs in the store are looked for
+BATCH_BUSY_RETRY_SECONDS = 0.5  # a line whose queue was full (or no worker) waits this
+BATCH_LIST_DEFAULT_LIMIT = 20
+BATCH_LIST_MAX_LIMIT = 100

@@ -12,22 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from common.errors import InvalidRequest
 from common.requests import FinishReason, GenerationRequest, Sampling, SlaClass, TokenChunk
 from common.validation import (
     Limits,
+    check_priority,
     check_prompt_choice,
     check_prompt_tokens,
     check_request_id,
     check_sampling,
 )
-from coordinator.admission import Admission
-from coordinator.adoption import Adoption, ReplicaUnavailable
+from coordinator.admission import Admission, Ticket
+from coordinator.adoption import Adopted, Adoption, ReplicaUnavailable
+from coordinator.batch_controller import BatchController
 from coordinator.constants import RETENTION_SWEEP_INTERVAL_SECONDS
-from coordinator.errors import NoWorkerAvailable, QueueFull, UnknownRequest
+from coordinator.errors import NoWorkerAvailable, QueueFull, UnknownWorker
 from coordinator.failover import FailoverPolicy, InterruptionKind
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.prompt_tokenizer import PromptTokenizer
@@ -38,6 +42,8 @@ from coordinator.route_records import RouteRecord, RouteRecords, now_unix_ms
 
 log = logging.getLogger(__name__)
 
+# Ends whose record the store keeps until a reader got them (store: undelivered retention).
+_HELD_FINISHES = (FinishReason.STOP, FinishReason.LENGTH)
 # Without a tokenizer the vocabulary is unknown here; the worker checks token ids itself.
 _UNKNOWN_VOCAB_SIZE = 2**32
 
@@ -54,7 +60,11 @@ class Dispatcher:
         metrics: CoordinatorMetrics,
         records: RouteRecords | None = None,
         adoption: Adoption | None = None,
+        disconnect_grace_seconds: float = math.inf,
     ) -> None:
+        """``disconnect_grace_seconds``: how long a running request whose every client left
+        waits for one to attach again before it is cancelled (inf: it runs to its end). BATCH
+        requests always run to their end: nobody waits on their stream."""
         self._coordinator_id = coordinator_id
         self._registry = registry
         self._admission = admission
@@ -67,6 +77,12 @@ class Dispatcher:
         self._adopting: dict[str, asyncio.Future[Relay]] = {}
         self.address = ""  # this coordinator's gRPC host:port, once bound (route records)
         self._sweeper: asyncio.Task[None] | None = None
+        self._releases: set[asyncio.Task[None]] = set()
+        self._disconnect_grace_seconds = disconnect_grace_seconds
+        self._orphans: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self.batch_controller: BatchController | None = None
+        """Told every request's first token and later tokens, when it is on."""
         registry.subscribe(self._on_worker_state)
 
     # -- requests ------------------------------------------------------------------------
@@ -104,9 +120,12 @@ class Dispatcher:
         sampling: Sampling,
         sla_class: SlaClass,
         tenant: str = "",
+        priority: int | None = None,
     ) -> Relay:
         """Validates, admits and starts a request; raises InvalidRequest, QueueFull or
-        NoWorkerAvailable. A request_id that exists returns that request (no second start)."""
+        NoWorkerAvailable. A request_id that exists returns that request (no second start).
+        ``priority``: the request's own order within its class on the engine (None: the
+        default)."""
         check_request_id(request_id)
         relay = self.existing(request_id)
         if relay is not None:
@@ -115,12 +134,15 @@ class Dispatcher:
             limits = self.limits()
             check_prompt_tokens(prompt_token_ids, limits)
             check_sampling(sampling, len(prompt_token_ids), limits)
+            if priority is not None:
+                check_priority(priority)
             request = GenerationRequest(
                 request_id or f"req-{uuid.uuid4().hex}",
                 prompt_token_ids,
                 sampling,
                 sla_class,
                 tenant,
+                priority,
             )
             ticket = self._admission.enqueue(request)
         except QueueFull:
@@ -143,7 +165,10 @@ class Dispatcher:
         """The request's chunks from ``from_index`` on. A request this coordinator does not
         hold is looked up in Redis (see adoption.py): proxied to the replica that relays it,
         or adopted from the store when that coordinator is gone. Raises UnknownRequest or
-        IndexOutOfRange."""
+        IndexOutOfRange, or InvalidRequest for an empty id."""
+        if not request_id:
+            raise InvalidRequest("request_id must not be empty: name the request to attach to")
+        check_request_id(request_id)
         if request_id in self._table or self._adoption is None:
             async for chunk in self._table.get(request_id).follow(from_index):
                 yield chunk
@@ -160,8 +185,6 @@ class Dispatcher:
                     request_id,
                     route.coordinator_address,
                 )
-        if self._adoption.finished(route):
-            raise UnknownRequest(request_id)
         relay = await self._adopt(route)
         async for chunk in relay.follow(from_index):
             yield chunk
@@ -178,13 +201,7 @@ class Dispatcher:
         future: asyncio.Future[Relay] = asyncio.get_running_loop().create_future()
         self._adopting[request_id] = future
         try:
-            request = await self._adoption.request(route)
-            ticket = self._admission.requeue(request, frozenset())
-            relay = Relay(request, ticket, self._admission, self._failover, self, self.tokenizer)
-            self._table.add(relay)
-            self._metrics.in_flight.inc()
-            log.warning("request %s adopted (started by %s)", request_id, route.coordinator_id)
-            relay.start(adopted=True)
+            relay = self._relay_for(await self._adoption.request(route, self._owner_state))
             future.set_result(relay)
             return relay
         except BaseException as exc:
@@ -193,6 +210,46 @@ class Dispatcher:
             raise
         finally:
             del self._adopting[request_id]
+
+    def _relay_for(self, adopted: Adopted) -> Relay:
+        """The relay of an adopted request: its output replayed from the store when it
+        finished, else resumed on its owner (when that worker still runs it) or anywhere."""
+        request = adopted.request
+        started_by = adopted.record.owner_worker_id or "an unknown worker"
+        if adopted.finished:
+            relay = Relay(
+                request, Ticket(request), self._admission, self._failover, self, self.tokenizer
+            )
+            relay.replay(adopted.output_ids, adopted.finish_reason)
+            self._table.add(relay)
+            log.warning(
+                "request %s adopted finished (%d tokens, from %s): replayed from the store",
+                request.request_id,
+                len(adopted.output_ids),
+                started_by,
+            )
+            return relay
+        owner = self._registry.find(adopted.record.owner_worker_id) if adopted.on_owner else None
+        ticket = (
+            self._admission.place_on(request, owner)
+            if owner is not None
+            else self._admission.requeue(request, frozenset())
+        )
+        relay = Relay(request, ticket, self._admission, self._failover, self, self.tokenizer)
+        self._table.add(relay)
+        self._metrics.in_flight.inc()
+        log.warning("request %s adopted (it ran on %s)", request.request_id, started_by)
+        relay.start(adopted=True)
+        return relay
+
+    def _owner_state(self, worker_id: str) -> WorkerState | None:
+        """The state of the worker with that id in the registry; None when it is unknown."""
+        if not worker_id:
+            return None
+        try:
+            return self._registry.find(worker_id).state
+        except UnknownWorker:
+            return None
 
     async def cancel(self, request_id: str) -> tuple[bool, int]:
         relay = self._table.get(request_id)
@@ -224,10 +281,20 @@ class Dispatcher:
 
     def delivered(self, relay: Relay, new_tokens: int) -> None:
         self._metrics.tokens_relayed.inc(new_tokens)
+        controller = self.batch_controller
+        if controller is not None and relay.lease is not None and new_tokens:
+            address, sla = relay.lease.entry.address, relay.request.sla_class
+            if relay.delivered_tokens == new_tokens and relay.first_token_monotonic is not None:
+                ttft = relay.first_token_monotonic - relay.created_monotonic
+                controller.first_token(address, sla, relay.request_id, ttft)
+                new_tokens -= 1
+            controller.tokens(address, sla, relay.request_id, new_tokens)
         self._note(relay)
 
     def finished(self, relay: Relay) -> None:
         self._failover.request_finished(relay.request_id)
+        if self.batch_controller is not None:
+            self.batch_controller.request_done(relay.request_id)
         self._metrics.in_flight.dec()
         ttft = tpot = None
         if relay.first_token_monotonic is not None:
@@ -237,6 +304,49 @@ class Dispatcher:
                 tpot = decode_seconds / (relay.delivered_tokens - 1)
         self._metrics.request_done(relay.request.sla_class, relay.finish_reason, ttft, tpot)
         self._note(relay)
+
+    def unread(self, relay: Relay) -> None:
+        """Every client of a running request left: unless one attaches again within the
+        disconnect grace, the request is cancelled on its worker (whose finish deletes its
+        keys), so that nobody's hang-up keeps a GPU decoding to max_tokens."""
+        grace = self._disconnect_grace_seconds
+        if self._stopping or not math.isfinite(grace):
+            return
+        if relay.request.sla_class == SlaClass.BATCH:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._cancel_unread(relay, relay.readers_left, grace),
+            name=f"unread-{relay.request_id}",
+        )
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
+
+    async def _cancel_unread(self, relay: Relay, left: int, grace: float) -> None:
+        await asyncio.sleep(grace)
+        if self._stopping or relay.finished or relay.readers or relay.readers_left != left:
+            return  # a client is back (or left again: its own grace runs), or it ended
+        log.info(
+            "request %s: no client for %.1f s after %d token(s); cancelled",
+            relay.request_id,
+            grace,
+            relay.delivered_tokens,
+        )
+        self._metrics.disconnect_cancels.inc()
+        try:
+            await relay.cancel()
+        except Exception as exc:  # logged; the request runs on
+            log.warning(
+                "request %s: cancel after its clients left failed: %s", relay.request_id, exc
+            )
+
+    def read_to_end(self, relay: Relay) -> None:
+        """A reader got the end of a request that finished: the store may let its record and
+        tokens go (it kept them for a client whose coordinator might die first)."""
+        if self._adoption is None or relay.finish_reason not in _HELD_FINISHES:
+            return
+        task = asyncio.get_running_loop().create_task(self._adoption.release(relay.request_id))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     def _note(self, relay: Relay) -> None:
         if self._records is None:
@@ -260,10 +370,23 @@ class Dispatcher:
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="sweeper")
 
+    def begin_stop(self) -> None:
+        """The coordinator is stopping: clients cut off by the stop are not hang-ups (their
+        requests stay resumable by the next coordinator), so nothing is cancelled for them."""
+        self._stopping = True
+        for task in list(self._orphans):
+            task.cancel()
+
     async def stop(self) -> None:
+        """After the fronts stopped: every relay lets go of its worker at once (each worker
+        then pauses its request, resumable by the next coordinator), and pending releases
+        are waited for."""
+        self.begin_stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
+        await asyncio.gather(*(relay.stop() for relay in self._table))
+        await asyncio.gather(*self._releases, return_exceptions=True)
 
     async def _sweep(self) -> None:
         while True:

@@ -135,3 +135,23 @@ class ModelMismatch(ServiceError, RuntimeError):
         )
         self.fingerprint = fingerprint
         self.fleet_fingerprint = fleet_fingerprint
+
+
+class BatchApiUnavailable(ServiceError, RuntimeError):
+    """The Batch API keeps its files and jobs in the store: without one (no --redis-url) it
+    answers UNAVAILABLE (HTTP 503)."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    http_type = "service_unavailable"
+
+
+class UnknownBatchObject(ServiceError, KeyError):
+    """No file or batch job with that id (for this tenant); NOT_FOUND (HTTP 404)."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+    http_type = "not_found_error"
+
+    def __str__(self) -> str:
+        return f"no {self.args[0]} with id {self.args[1]!r}"

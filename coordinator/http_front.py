@@ -1,16 +1,19 @@
 """The OpenAI-compatible HTTP front, on the same event loop and the same `Dispatcher` as gRPC.
 
-    POST /v1/completions        prompt: text, token ids, or a list with one of either
+    POST /v1/completions        prompt: text, token ids, or a list of either (choice i
+                                answers prompt i, each its own request)
     POST /v1/chat/completions   messages, through the model's chat template
     GET  /v1/models
     GET  /metrics               Prometheus text format
     GET  /openapi.json          this front's OpenAPI document (coordinator/openapi.json)
+    /v1/files, /v1/batches      the Batch API (batch_front.py)
 
 Both POST routes stream as server-sent events (`"stream": true`, ending `data: [DONE]`) or
 answer with one JSON object. Errors come back in OpenAI's shape, `{"error": {...}}`, with the
 HTTP status our typed errors map to; a full queue is 429 with `Retry-After`.
 Extensions: `sla_class` ("interactive" | "batch") and `request_id` in the body, `top_k`,
-`ignore_eos`, `seed`.
+`ignore_eos`, `seed`. A field it cannot honour (`logprobs`, penalties, `logit_bias`, tools, a
+typo) is a 400 that names it (coordinator/openai_params.py), never ignored.
 
 Access: with a keys file every /v1 route needs ``Authorization: Bearer <key>`` (401 with
 code ``invalid_api_key`` otherwise) and a key's rate and concurrency limits answer 429 with
@@ -36,24 +39,17 @@ from common.api_keys import TENANT_ROLE
 from common.authz import Gatekeeper, roles
 from common.channels import PLAINTEXT, CertificateFiles, TransportConfig, http_ssl_context
 from common.errors import InvalidRequest, ServiceError, is_unexpected
-from common.requests import FinishReason, Sampling, SlaClass, TokenChunk
-from coordinator.constants import (
-    DEFAULT_HTTP_MAX_TOKENS,
-    MODEL_OWNER,
-    OPENAI_DEFAULT_TEMPERATURE,
-)
+from common.requests import TokenChunk
+from coordinator.batch_front import BatchFront
+from coordinator.batch_jobs import BatchJobs
+from coordinator.constants import MAX_UPLOAD_BYTES, MODEL_OWNER
 from coordinator.dispatcher import Dispatcher
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.openai_requests import ModelNotServed, ParsedBody, parse_body
+from coordinator.openai_shapes import ChatShape, CompletionShape, Shape, combined, summed_usage
 
 log = logging.getLogger(__name__)
 
-_FINISH_NAMES = {
-    FinishReason.STOP: "stop",
-    FinishReason.LENGTH: "length",
-    FinishReason.CANCELLED: "abort",
-    FinishReason.ERROR: "error",
-}
-_SLA_BY_NAME = {"interactive": SlaClass.INTERACTIVE, "batch": SlaClass.BATCH}
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENAPI_DOCUMENT = "openapi.json"  # beside this module; tests check it against the routes
 
@@ -115,8 +111,14 @@ class HttpFront:
         model_name: str,
         gatekeeper: Gatekeeper | None = None,
         transport: TransportConfig = PLAINTEXT,
+        batch_jobs: BatchJobs | None = None,
     ):
         self._dispatcher = dispatcher
+        self._batches = BatchFront(
+            batch_jobs,
+            lambda request: request[_CALLER_KEY].tenant,
+            lambda exc: _error_response(http_error_for(exc)),
+        )
         self._metrics = metrics
         self._model_name = model_name
         self._gatekeeper = gatekeeper or Gatekeeper()
@@ -149,12 +151,13 @@ class HttpFront:
                 log.info("the HTTP front serves the renewed certificate")
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._access])
+        app = web.Application(middlewares=[self._access], client_max_size=MAX_UPLOAD_BYTES)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._prometheus)
         app.router.add_get("/openapi.json", self._openapi)
+        self._batches.add_routes(app)
         return app
 
     async def start(self, host: str, port: int) -> int:
@@ -208,96 +211,121 @@ class HttpFront:
         try:
             body = await _json_body(request)
             await self._dispatcher.tokenizer.ready()
-            relay = self._start(body, chat, request[_CALLER_KEY].tenant)
-            stream = bool(body.get("stream", False))
+            try:
+                parsed = parse_body(self._dispatcher, self._model_name, body, chat)
+            except ModelNotServed as exc:
+                raise HttpError(404, "not_found_error", str(exc)) from exc
+            relays = await self._start_all(parsed, request[_CALLER_KEY].tenant)
         except Exception as exc:
             return _error_response(http_error_for(exc))
         completion_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        shape = _ChatShape if chat else _CompletionShape
-        reply = shape(completion_id, self._model_name, len(relay.request.prompt_token_ids))
-        if stream:
-            options = body.get("stream_options") or {}
-            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            return await self._stream(request, relay.follow(0), reply, include_usage)
+        shape: type[Shape] = ChatShape if chat else CompletionShape
+        created = int(time.time())
+        shapes: list[Shape] = [
+            shape(completion_id, self._model_name, len(r.request.prompt_token_ids), i, created)
+            for i, r in enumerate(relays)
+        ]
+        for one, prompt_ids in zip(shapes, parsed.prompts, strict=True):
+            one.decode = self._dispatcher.tokenizer.whole_decoder(prompt_ids)
+        if parsed.stream:
+            return await self._stream(request, relays, shapes, parsed.include_usage)
         try:
-            async for chunk in relay.follow(0):
-                reply.add(chunk)
+            await asyncio.gather(*(_collect(r, s) for r, s in zip(relays, shapes, strict=True)))
         except Exception as exc:
             return _error_response(http_error_for(exc))
-        return web.json_response(reply.whole())
+        return web.json_response(combined(shapes))
 
-    def _start(self, body: dict[str, Any], chat: bool, tenant: str) -> Any:
-        model = body.get("model")
-        if model not in (None, "", self._model_name):
-            raise HttpError(
-                404, "not_found_error", f"model {model!r} is not served here ({self._model_name})"
-            )
-        n = body.get("n", 1)
-        if n is not None and (isinstance(n, bool) or n != 1):
-            raise InvalidRequest(f"n must be 1, got {n!r}")
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise InvalidRequest("messages must be a non-empty list")
-            prompt_ids = self._dispatcher.prompt_ids("", (), messages=messages)
-            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        else:
-            text, token_ids = _prompt_forms(body.get("prompt"))
-            prompt_ids = self._dispatcher.prompt_ids(text, token_ids)
-            max_tokens = body.get("max_tokens", DEFAULT_HTTP_MAX_TOKENS)
-        if max_tokens is None:
-            # Chat: up to the context length, as OpenAI's servers do.
-            max_tokens = max(1, self._dispatcher.limits().max_model_len - len(prompt_ids))
-        sla_name = str(body.get("sla_class", "interactive")).lower()
-        if sla_name not in _SLA_BY_NAME:
-            raise InvalidRequest(f"sla_class must be one of {sorted(_SLA_BY_NAME)}")
-        return self._dispatcher.submit(
-            str(body.get("request_id", "")),
-            prompt_ids,
-            Sampling(
-                max_tokens=_as_int("max_tokens", max_tokens),
-                temperature=_float(body, "temperature", OPENAI_DEFAULT_TEMPERATURE),
-                top_p=_float(body, "top_p", 1.0),
-                top_k=_int(body, "top_k", 0),
-                seed=None if body.get("seed") is None else _int(body, "seed", 0),
-                stop=_stop(body.get("stop")),
-                ignore_eos=bool(body.get("ignore_eos", False)),
-            ),
-            _SLA_BY_NAME[sla_name],
-            tenant,
-        )
+    async def _start_all(self, parsed: ParsedBody, tenant: str) -> list[Any]:
+        """One request per prompt, all or none: a refusal (a full queue) cancels the ones
+        already started, and the client gets that refusal."""
+        relays: list[Any] = []
+        try:
+            for prompt_ids, request_id in zip(parsed.prompts, parsed.request_ids(), strict=True):
+                relays.append(
+                    self._dispatcher.submit(
+                        request_id, prompt_ids, parsed.sampling, parsed.sla_class, tenant
+                    )
+                )
+        except BaseException:
+            await asyncio.gather(*(r.cancel() for r in relays), return_exceptions=True)
+            raise
+        return relays
 
     async def _stream(
         self,
         request: web.Request,
-        chunks: AsyncIterator[TokenChunk],
-        reply: _Shape,
+        relays: list[Any],
+        shapes: list[Shape],
         include_usage: bool,
     ) -> web.StreamResponse:
-        """SSE events, one per chunk that carries text or the finish; with
-        `stream_options.include_usage`, OpenAI's last event: no choices, the token counts."""
+        """SSE events, one per chunk that carries text or the finish, each choice under its
+        prompt's index (several prompts interleave); with `stream_options.include_usage`,
+        OpenAI's last event: no choices, the token counts summed."""
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
         try:
-            for opening in reply.opening():
-                await _send_event(response, opening)
-            async for chunk in chunks:
-                event = reply.delta(chunk)
+            for shape in shapes:
+                for opening in shape.opening():
+                    await _send_event(response, opening)
+            async for index, chunk in _merged([r.follow(0) for r in relays]):
+                event = shapes[index].delta(chunk)
                 if event is not None:
                     await _send_event(response, event)
         except ConnectionResetError:
-            return response  # the client left; the request runs on and stays attachable
+            return response  # the client left; the requests run on and stay attachable
         except Exception as exc:
             error = http_error_for(exc)
             await _send_event(response, {"error": {"message": str(error), "type": error.kind}})
         else:
             if include_usage:
-                await _send_event(response, reply.usage_event())
+                usage = shapes[0].usage_event()
+                usage["usage"] = summed_usage(shapes)
+                await _send_event(response, usage)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+async def _collect(relay: Any, shape: Shape) -> None:
+    async for chunk in relay.follow(0):
+        shape.add(chunk)
+
+
+async def _merged(
+    streams: list[AsyncIterator[TokenChunk]],
+) -> AsyncIterator[tuple[int, TokenChunk]]:
+    """(stream index, chunk) from every stream as they come; the first error is raised."""
+    if len(streams) == 1:
+        async for chunk in streams[0]:
+            yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, TokenChunk | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[TokenChunk]) -> None:
+        try:
+            async for chunk in stream:
+                await queue.put((index, chunk, None))
+            await queue.put((index, None, None))
+        except Exception as exc:
+            await queue.put((index, None, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        open_streams = len(streams)
+        while open_streams:
+            index, item, error = await queue.get()
+            if error is not None:
+                raise error
+            if item is None:
+                open_streams -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _send_event(response: web.StreamResponse, payload: dict[str, Any]) -> None:
@@ -312,166 +340,3 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object")
     return body
-
-
-def _prompt_forms(prompt: Any) -> tuple[str, tuple[int, ...]]:
-    """OpenAI's prompt shapes: "text", [ids], ["text"], [[ids]] — one prompt only."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return prompt, ()
-    if isinstance(prompt, list) and all(isinstance(t, int) and t >= 0 for t in prompt):
-        return "", tuple(prompt)
-    raise InvalidRequest("prompt must be a string or a list of token ids (one prompt)")
-
-
-def _stop(stop: Any) -> tuple[str, ...]:
-    """OpenAI's `stop`: absent, one string, or a list of strings."""
-    if not stop:
-        return ()
-    if isinstance(stop, str):
-        return (stop,)
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return tuple(stop)
-    raise InvalidRequest(f"stop must be a string or a list of strings, got {stop!r}")
-
-
-def _int(body: dict[str, Any], name: str, default: int) -> int:
-    value = body.get(name, default)
-    return _as_int(name, default if value is None else value)
-
-
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{name} must be an integer, got {value!r}")
-    return value
-
-
-def _float(body: dict[str, Any], name: str, default: float) -> float:
-    value = body.get(name, default)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(f"{name} must be a number, got {value!r}")
-    return float(value)
-
-
-class _Shape:
-    """How one endpoint's answer is built from the relay's chunks."""
-
-    stream_object = ""
-
-    def __init__(self, completion_id: str, model: str, prompt_tokens: int) -> None:
-        self.id = completion_id
-        self.model = model
-        self.created = int(time.time())
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = 0
-        self.text = ""
-        self.finish: str | None = None
-
-    def add(self, chunk: TokenChunk) -> None:
-        self.completion_tokens += len(chunk.token_ids)
-        self.text += chunk.text
-        if chunk.finished:
-            self.finish = _FINISH_NAMES.get(chunk.finish_reason, "stop")
-
-    def usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
-
-    def opening(self) -> list[dict[str, Any]]:
-        return []
-
-    def usage_event(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": self.stream_object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": self.usage(),
-        }
-
-    def delta(self, chunk: TokenChunk) -> dict[str, Any] | None:
-        raise NotImplementedError
-
-    def whole(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-
-class _CompletionShape(_Shape):
-    stream_object = "text_completion"
-
-    def delta(self, chunk: TokenChunk) -> dict[str, Any] | None:
-        self.add(chunk)
-        if not chunk.text and not chunk.finished:
-            return None
-        choice = {
-            "index": 0,
-            "text": chunk.text,
-            "logprobs": None,
-            "finish_reason": self.finish if chunk.finished else None,
-        }
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-        }
-
-    def whole(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {"index": 0, "text": self.text, "logprobs": None, "finish_reason": self.finish}
-            ],
-            "usage": self.usage(),
-        }
-
-
-class _ChatShape(_Shape):
-    stream_object = "chat.completion.chunk"
-
-    def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
-
-    def opening(self) -> list[dict[str, Any]]:
-        return [self._chunk({"role": "assistant", "content": ""}, None)]
-
-    def delta(self, chunk: TokenChunk) -> dict[str, Any] | None:
-        self.add(chunk)
-        if not chunk.text and not chunk.finished:
-            return None
-        delta = {"content": chunk.text} if chunk.text else {}
-        return self._chunk(delta, self.finish if chunk.finished else None)
-
-    def whole(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": self.text},
-                    "logprobs": None,
-                    "finish_reason": self.finish,
-                }
-            ],
-            "usage": self.usage(),
-        }

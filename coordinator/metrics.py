@@ -35,6 +35,11 @@ class CoordinatorMetrics:
         self.tokens_relayed = Counter(
             PREFIX + "tokens_relayed", "output tokens delivered to clients' streams", registry=r
         )
+        self.disconnect_cancels = Counter(
+            PREFIX + "disconnect_cancels",
+            "running requests cancelled because every client left and none came back",
+            registry=r,
+        )
         self.failovers = Counter(
             PREFIX + "failovers", "requests moved off an interrupted worker", ["kind"], registry=r
         )
@@ -57,6 +62,31 @@ class CoordinatorMetrics:
         )
         self.standbys_ready = Gauge(
             PREFIX + "standbys_ready", "warm standbys ready to be promoted", registry=r
+        )
+        self.admission_cap = Gauge(
+            PREFIX + "admission_cap",
+            "most requests of a class in flight on a worker (0: no class cap), as the batch "
+            "controller last set it",
+            ["worker", "sla_class"],
+            registry=r,
+        )
+        self.cap_decisions = Counter(
+            PREFIX + "batch_controller_decisions",
+            "changes of a worker's admission cap by the batch controller",
+            ["sla_class", "decision"],
+            registry=r,
+        )
+        self.controller_ttft = Gauge(
+            PREFIX + "batch_controller_ttft_p99_seconds",
+            "INTERACTIVE TTFT p99 over the controller's window (or the oldest queued wait)",
+            ["worker"],
+            registry=r,
+        )
+        self.controller_tpot = Gauge(
+            PREFIX + "batch_controller_tpot_seconds",
+            "INTERACTIVE time per output token over the controller's window",
+            ["worker"],
+            registry=r,
         )
         for sla in SlaClass:
             self.queue_depth.labels(sla.name).set(0)

@@ -109,8 +109,10 @@ class Migrations:
         registry: Registry,
         daemon_factory: Callable[[str], DaemonEndpoint] = DaemonClient,
         clock: Callable[[], float] = time.time,
+        migrate_on_rebalance: bool = False,
     ) -> None:
         self._registry = registry
+        self.migrate_on_rebalance = migrate_on_rebalance
         self._daemon_factory = daemon_factory
         self._clock = clock
         self._daemons: dict[str, DaemonEndpoint] = {}  # by worker address
@@ -182,6 +184,10 @@ class Migrations:
         if flush and daemon is not None and not staged:
             self._spawn(self._flush(entry, daemon, deadline_unix), "flush")
         return deadline_unix
+
+    def moving_requests(self, entry: WorkerEntry) -> int:
+        """Unfinished requests on ``entry`` that a notice would move (0 unless staging)."""
+        return sum(1 for m in self._requests_on(entry.address) if not m.finished)
 
     # -- staging -------------------------------------------------------------------------
 
@@ -345,6 +351,11 @@ class Migrations:
         return max(0.0, deadline - self._clock()) + FLUSH_WAIT_MARGIN_SECONDS
 
     def _on_worker_state(self, entry: WorkerEntry, old: WorkerState, new: WorkerState) -> None:
+        stopping = entry.capacity.stopping_deadline_unix if entry.capacity is not None else 0.0
+        if stopping > 0 and new not in _GONE:
+            # Stopped by SIGTERM (a scale-in, a MIG delete, a shutdown): it says when it goes,
+            # and its requests move as on a notice.
+            self.noticed(entry, stopping)
         if new not in _GONE:
             if old in _GONE:  # back after all: listen to its daemon again
                 self.watch(entry)
@@ -389,6 +400,14 @@ class Migrations:
         elif event.ends_vm:
             deadline = event.deadline_unix or self._clock() + NOTICE_DEFAULT_GRACE_SECONDS
             self.noticed(entry, deadline)
+        elif self.migrate_on_rebalance:
+            log.warning(
+                "worker %s: %s hint from %s; moving its requests before any notice",
+                entry.worker_id,
+                event.action,
+                event.source,
+            )
+            self.inject(entry, NOTICE_DEFAULT_GRACE_SECONDS, flush=True)
         else:
             log.info("worker %s: %s hint from %s", entry.worker_id, event.action, event.source)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from common.errors import InvalidRequest
@@ -91,6 +91,10 @@ class PromptTokenizer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._require("text output").decode(list(token_ids)))
+
+    def whole_decoder(self, prompt_ids: Sequence[int]) -> Callable[[list[int]], str | None]:
+        """Decodes a whole output of ``prompt_ids`` at once (None without a tokenizer)."""
+        return lambda output_ids: self.span(prompt_ids, output_ids, 0, len(output_ids))
 
     def span(
         self, prompt_ids: Sequence[int], output_ids: Sequence[int], start: int, end: int

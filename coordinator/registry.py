@@ -15,6 +15,9 @@ A worker's state is derived in one place, `derive_state`, from what is known abo
               it learns it was cut off: it gets no new request until it renews)
     PREEMPTED / MIGRATING / RECOVERING ─ set by the notice and failover paths
     DRAINING ─ the worker says so, or a drain was asked
+    DEGRADED ─ the worker says its store does not answer: it could not persist a new
+              request's tokens or KV (nor a migrated one's), so it takes none; what it
+              runs goes on, its tokens held in memory until Redis answers again
     READY ─── the worker says it is ready
     STARTING ─ anything else (registered, model still loading)
 """
@@ -51,6 +54,7 @@ class WorkerState(enum.Enum):
     RECOVERING = "recovering"  # its requests are being recovered from the store
     LOST = "lost"
     STOPPED = "stopped"
+    DEGRADED = "degraded"  # its store does not answer: no new request, no migration target
 
 
 # States the notice / failover paths set; a heartbeat does not clear them.
@@ -142,6 +146,8 @@ def derive_state(
     capacity = entry.capacity
     if entry.drain_requested or (capacity is not None and capacity.draining):
         return WorkerState.DRAINING
+    if capacity is not None and capacity.degraded:
+        return WorkerState.DEGRADED
     if capacity is not None and capacity.ready:
         return WorkerState.READY
     return WorkerState.STARTING

@@ -31,6 +31,8 @@ from coordinator.failover import FailoverPolicy, Interruption, InterruptionKind
 
 log = logging.getLogger(__name__)
 
+REPLACEMENT_CHARACTER = "\ufffd"  # a decoder's text for the bytes of an unfinished character
+
 
 class RelayStatus(enum.Enum):
     QUEUED = "queued"
@@ -47,6 +49,14 @@ class RelayObserver(Protocol):
     def delivered(self, relay: Relay, new_tokens: int) -> None: ...
 
     def finished(self, relay: Relay) -> None: ...
+
+    def unread(self, relay: Relay) -> None:
+        """The last reader of a running request left (its client hung up or was cut off)."""
+        ...
+
+    def read_to_end(self, relay: Relay) -> None:
+        """A reader is handed the request's last chunk (once per relay), to send at once."""
+        ...
 
 
 class TokenTexts(Protocol):
@@ -94,6 +104,11 @@ class Relay:
         self._cancel_requested = False
         self.adopted = False
         self._readers = 0
+        self.readers_left = 0  # how many times every reader had left (disconnect grace)
+        self._end_read = False
+        self._replaying = False  # a resumed source's first chunks: their text is decoded here
+        self._resume_event_seen = False
+        self._text_pending_from: int | None = None  # first token whose text waits
         self._interruption: Interruption | None = None
         self._stream_task: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -113,6 +128,10 @@ class Relay:
         return self.status == RelayStatus.FINISHED
 
     @property
+    def readers(self) -> int:
+        return self._readers
+
+    @property
     def worker_id(self) -> str:
         return self.lease.entry.worker_id if self.lease is not None else ""
 
@@ -126,6 +145,27 @@ class Relay:
         self._task = asyncio.get_running_loop().create_task(
             self._run(adopted), name=f"relay-{self.request_id}"
         )
+
+    def replay(self, output_ids: Sequence[int], reason: FinishReason) -> None:
+        """An adopted request that finished while no coordinator relayed it: ``output_ids``
+        (its whole output, from the store) and its end are kept for readers at once; no
+        worker is involved."""
+        self.adopted = True
+        output = tuple(output_ids)
+        text = self._texts.span(self.request.prompt_token_ids, output, 0, len(output)) or ""
+        self._chunks.append(TokenChunk(self.request_id, 0, output, text=text, finish_reason=reason))
+        self.token_ids.extend(output)
+        self.finish_reason = reason
+        self.status = RelayStatus.FINISHED
+        self.finished_monotonic = self._clock()
+        self._wake()
+
+    async def stop(self) -> None:
+        """The coordinator stops: the relay lets go of its worker (which pauses the request
+        and keeps it resumable, see adoption.py) and ends for its readers, if any are left."""
+        if self._task is not None and not self.finished:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
     async def wait_finished(self) -> None:
         if self._task is not None:
@@ -169,6 +209,8 @@ class Relay:
             self._take(lease)
             client = lease.entry.client
             chunks = client.resume(self.request_id, 0) if adopted else client.generate(self.request)
+            self._replaying, self._resume_event_seen = adopted, False
+            self._text_pending_from = None
             while True:
                 why = await self._stream(chunks)
                 if why is None:
@@ -184,6 +226,8 @@ class Relay:
                 lease = takeover.lease
                 self._take(lease)
                 chunks = takeover.chunks
+                self._replaying, self._resume_event_seen = True, False
+                self._text_pending_from = None
         except asyncio.CancelledError:
             if self._cancel_requested:
                 self._finish(FinishReason.CANCELLED)
@@ -268,14 +312,21 @@ class Relay:
 
     def _publish(self, chunk: TokenChunk, index: int, token_ids: tuple[int, ...]) -> None:
         whole = len(token_ids) == len(chunk.token_ids)
+        if self._replaying and token_ids:
+            text = self._replayed_text(chunk, index, token_ids)
+        else:
+            text = chunk.text if whole else self._tail_text(chunk, index, self.token_ids)
+        if self._replaying and chunk.event is not None:
+            self._resume_event_seen = True
         kept = TokenChunk(
             request_id=self.request_id,
             index=index,
             token_ids=token_ids,
-            text=chunk.text if whole else self._tail_text(chunk, index, self.token_ids),
+            text=text,
             finish_reason=chunk.finish_reason,
             event=chunk.event,
             worker_id=chunk.worker_id or self.worker_id,
+            engine_timing=chunk.engine_timing,
         )
         self._chunks.append(kept)
         if token_ids:
@@ -284,6 +335,26 @@ class Relay:
             self.token_ids.extend(token_ids)
             self._observer.delivered(self, len(token_ids))
         self._wake()
+
+    def _replayed_text(self, chunk: TokenChunk, index: int, token_ids: tuple[int, ...]) -> str:
+        """The text of a resumed source's first tokens, decoded here: those it replays from
+        the store come without text, and its engine's first output after the resume event
+        may carry the text of the whole resumed prompt. As vLLM's detokenizer does, the
+        bytes of an unfinished character wait for the tokens that finish it; the source's
+        own text is taken again from the first output after the event that ends whole."""
+        output = [*self.token_ids, *token_ids]
+        start = self._text_pending_from if self._text_pending_from is not None else index
+        span = self._texts.span(self.request.prompt_token_ids, output, start, len(output))
+        if span is None:  # no tokenizer here: nothing better than what came
+            self._replaying = False
+            return chunk.text
+        if span.endswith(REPLACEMENT_CHARACTER) and not chunk.finish_reason:
+            self._text_pending_from = start
+            return ""
+        self._text_pending_from = None
+        if self._resume_event_seen:
+            self._replaying = False
+        return span
 
     def _finish(self, reason: FinishReason, detail: str = "", publish: bool = True) -> None:
         if self.finished:
@@ -320,7 +391,8 @@ class Relay:
 
         A request still queued when its last reader goes (the client hung up, its deadline
         passed) leaves the queue: nobody would read what it produced. Once running, it runs
-        on and stays attachable."""
+        on and stays attachable; the observer is told (`unread`), and the dispatcher cancels
+        it if nobody attaches within its disconnect grace."""
         self._check_index(from_index)
         self._readers += 1
         try:
@@ -338,6 +410,8 @@ class Relay:
                     told = told or event_only
                     cursor += 1
                     if chunk is not None:
+                        if chunk.finished:
+                            self._hand_end()
                         yield chunk
                 if self.finished and cursor == len(self._chunks):
                     if self.error is not None:
@@ -348,6 +422,16 @@ class Relay:
             self._readers -= 1
             if not self._readers and self.status == RelayStatus.QUEUED:
                 self._abandon()
+            elif not self._readers and not self.finished:
+                self.readers_left += 1
+                self._observer.unread(self)
+
+    def _hand_end(self) -> None:
+        """A reader is handed the last chunk: its client has the whole request once the
+        front sends it (a client often hangs up at once, so nothing later is waited for)."""
+        if self.error is None and not self._end_read:
+            self._end_read = True
+            self._observer.read_to_end(self)
 
     def _abandon(self) -> None:
         """Takes a queued request out of its queue and ends it as CANCELLED (synchronous:

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -75,6 +75,12 @@ class RouteRecord:
             if b"coordinator_address" in fields
             else "",
         )
+
+
+class RouteLookup(Protocol):
+    """Where adoption finds a request's route (RouteRecords; a dict in unit tests)."""
+
+    async def get(self, request_id: str) -> RouteRecord | None: ...
 
 
 class RouteRecords:

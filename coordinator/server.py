@@ -35,13 +35,18 @@ from common.requests import SlaClass
 from common.rpc import add_health_and_reflection, maps_errors, set_serving, stop_on_signals
 from coordinator.admission import Admission, AdmissionLimits
 from coordinator.adoption import Adoption
+from coordinator.attentive_clock import AttentiveClock
+from coordinator.batch_control_loop import BatchControlLoop
+from coordinator.batch_controller import BatchController
+from coordinator.batch_jobs import BatchJobs
+from coordinator.batch_lines import DispatcherLines
+from coordinator.batch_runner import BatchRunner
 from coordinator.config import CoordinatorConfig, check_address, split_worker_flag
 from coordinator.constants import (
     MAX_GRACE_SECONDS,
     NOTICE_DEFAULT_GRACE_SECONDS,
     NOTICE_SECONDS_BY_CLOUD,
     RECORD_FLUSH_INTERVAL_SECONDS,
-    SERVER_STOP_GRACE_SECONDS,
 )
 from coordinator.daemon_client import DaemonClient
 from coordinator.dispatcher import Dispatcher
@@ -61,7 +66,9 @@ from coordinator.standby_pool import StandbyPool
 from coordinator.worker_client import WorkerClient
 from protos.convert import (
     chunk_to_proto,
+    class_cap_to_proto,
     pool_to_proto,
+    priority_from_proto,
     registration_from_proto,
     sampling_from_proto,
     sla_from_proto,
@@ -75,7 +82,7 @@ from protos.spotinfer.v1 import (
     inference_pb2,
     inference_pb2_grpc,
 )
-from store import RedisStore
+from store import RedisBatchStore, RedisStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +120,7 @@ _STATE_TO_PROTO = {
     WorkerState.RECOVERING: control_pb2.WORKER_STATE_RECOVERING,
     WorkerState.LOST: control_pb2.WORKER_STATE_LOST,
     WorkerState.STOPPED: control_pb2.WORKER_STATE_STOPPED,
+    WorkerState.DEGRADED: control_pb2.WORKER_STATE_DEGRADED,
 }
 
 
@@ -134,6 +142,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 sampling_from_proto(request.sampling),
                 sla_from_proto(request.sla_class),
                 current_caller().tenant,
+                priority_from_proto(request),
             )
         async for chunk in relay.follow(0):
             yield chunk_to_proto(chunk)
@@ -189,7 +198,11 @@ class ControlService(control_pb2_grpc.ControlServicer):
         migrations: Migrations,
         failover: FailoverPolicy,
         on_registered: Callable[[WorkerEntry], None],
+        batch_jobs: BatchJobs | None = None,
+        batch_control: BatchControlLoop | None = None,
     ) -> None:
+        self._batch_jobs = batch_jobs
+        self._batch_control = batch_control
         self._registry = registry
         self._admission = admission
         self._dispatcher = dispatcher
@@ -213,6 +226,10 @@ class ControlService(control_pb2_grpc.ControlServicer):
         )
         if entry.capacity is not None:
             info.stats.CopyFrom(worker_stats_to_proto(entry.capacity))
+        if self._batch_control is not None:
+            info.admission_caps.extend(
+                class_cap_to_proto(view) for view in self._batch_control.views(entry)
+            )
         return info
 
     @maps_errors
@@ -259,9 +276,19 @@ class ControlService(control_pb2_grpc.ControlServicer):
     async def Drain(  # noqa: N802
         self, request: control_pb2.DrainWorkerRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.DrainWorkerResponse:
+        """Takes the worker out of routing. When the failover policy moves requests on a
+        notice and the worker has a context daemon, its requests move exactly as on one
+        (staged, flushed, resumed elsewhere, by now + grace); otherwise the worker lets them
+        run for the grace and cuts the rest."""
         grace_seconds = _grace_seconds(request.grace_seconds)
         entry = self._registry.find(request.worker_id)
         self._registry.request_drain(entry)
+        if self._failover.acts_on_notice and entry.daemon_address:
+            moving = self._migrations.moving_requests(entry)
+            self._migrations.inject(
+                entry, grace_seconds or NOTICE_DEFAULT_GRACE_SECONDS, flush=True
+            )
+            return control_pb2.DrainWorkerResponse(in_flight=moving)
         try:
             in_flight = await entry.client.drain(grace_seconds)
         except grpc.aio.AioRpcError as exc:
@@ -282,7 +309,9 @@ class ControlService(control_pb2_grpc.ControlServicer):
         grace = given_grace or NOTICE_SECONDS_BY_CLOUD.get(
             request.cloud, NOTICE_DEFAULT_GRACE_SECONDS
         )
-        if request.kind == control_pb2.NOTICE_KIND_REBALANCE:
+        if request.kind == control_pb2.NOTICE_KIND_REBALANCE and not (
+            self._migrations.migrate_on_rebalance
+        ):
             log.info("rebalance hint for %s: nothing moves yet", entry.worker_id)
             deadline_unix = time.time() + grace
         else:
@@ -309,7 +338,29 @@ class ControlService(control_pb2_grpc.ControlServicer):
             queues=queues,
             in_flight=self._dispatcher.in_flight,
             standbys_ready=self._pool.ready,
+            batch_jobs=await self._batch_job_statuses(),
         )
+
+    async def _batch_job_statuses(self) -> list[control_pb2.BatchJobStatus]:
+        if self._batch_jobs is None:
+            return []
+        try:
+            jobs = await self._batch_jobs.unfinished()
+        except StoreUnavailable as exc:  # the rest of the status still answers
+            log.warning("batch jobs left out of the status: %s", exc)
+            return []
+        return [
+            control_pb2.BatchJobStatus(
+                batch_id=job["id"],
+                status=job["status"],
+                endpoint=job.get("endpoint", ""),
+                total=int(job.get("total", "0")),
+                completed=int(job.get("completed", "0")),
+                failed=int(job.get("failed", "0")),
+                tenant=job.get("tenant", ""),
+            )
+            for job in jobs
+        ]
 
 
 class Coordinator:
@@ -318,9 +369,11 @@ class Coordinator:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.metrics = CoordinatorMetrics()
+        self.clock = AttentiveClock()  # a stall of ours is not the workers' silence
         self.registry = Registry(
             config.lost_after_seconds,
             lambda address: WorkerClient(address, config.max_message_bytes, config.transport),
+            clock=self.clock,
             fleet_model=FleetModel(config.model_fingerprint, config.model),
             max_lease_ttl_seconds=config.max_lease_ttl_seconds,
         )
@@ -355,7 +408,9 @@ class Coordinator:
             else None
         )
         self.migrations = Migrations(
-            self.registry, lambda address: DaemonClient(address, config.transport)
+            self.registry,
+            lambda address: DaemonClient(address, config.transport),
+            migrate_on_rebalance=config.rebalance_policy == "migrate",
         )
         self.failover = FailoverPolicy.create(
             config.failover_policy,
@@ -376,21 +431,58 @@ class Coordinator:
             self.metrics,
             self.records,
             self.adoption,
+            disconnect_grace_seconds=config.disconnect_grace_seconds,
         )
         self.heartbeat = Heartbeat(
             self.registry, config.heartbeat_interval_seconds, after_beat=self._after_beat
         )
+        self.batch_control = self._batch_control_loop()
         self.gatekeeper = Gatekeeper.from_config(config.api_keys)
+        self.batch_runner, self.batch_jobs = self._batch_api()
         self.http = self._http_front()
         self._add_flag_workers()
         for sla in SlaClass:
             self.metrics.queue_capacity.labels(sla.name).set(self.admission.capacity(sla))
 
+    def _batch_control_loop(self) -> BatchControlLoop:
+        """The batch controller when it is on (it then sets admission's class caps and hears
+        every relay's tokens), else a loop that only tells the static caps."""
+        settings = self.config.batch_controller
+        controller = None
+        if settings.enabled:
+            static = {
+                SlaClass.INTERACTIVE: self.config.interactive_max_per_worker,
+                SlaClass.BATCH: self.config.batch_max_per_worker,
+            }
+            controller = BatchController(
+                settings, static, self.registry.now, on_grow=self.admission.pump
+            )
+            self.admission.use_caps(controller)
+            self.dispatcher.batch_controller = controller
+        return BatchControlLoop(
+            controller, settings.interval_seconds, self.registry, self.admission, self.metrics
+        )
+
     def _http_front(self) -> HttpFront:
         config = self.config
         return HttpFront(
-            self.dispatcher, self.metrics, config.model_name, self.gatekeeper, config.transport
+            self.dispatcher,
+            self.metrics,
+            config.model_name,
+            self.gatekeeper,
+            config.transport,
+            self.batch_jobs,
         )
+
+    def _batch_api(self) -> tuple[BatchRunner | None, BatchJobs | None]:
+        """The Batch API's runner and jobs: only with a store, where jobs outlive us."""
+        config = self.config
+        if not config.store.url:
+            return None, None
+        store = RedisBatchStore.from_config(config.store)
+        lines = DispatcherLines(self.dispatcher, config.model_name)
+        runner = BatchRunner(store, lines, config.coordinator_id, config.batch_lines_in_flight)
+        return runner, BatchJobs(store, runner)
 
     def _add_flag_workers(self) -> None:
         for value in self.config.workers:
@@ -415,12 +507,34 @@ class Coordinator:
 
     def start(self) -> None:
         """Background work that needs the running loop: heartbeats, sweeps, subscriptions."""
+        self.clock.start()
         self.heartbeat.start()
         self.dispatcher.start()
+        self.batch_control.start()
         if self.records is not None:
             self.records.start()
+        if self.batch_runner is not None:
+            self.batch_runner.start()
         for entry in self.registry:
             self.migrations.watch(entry)
+
+    async def stop(self, server: grpc.aio.Server) -> None:
+        """In order: background work, the fronts (open calls get the stop grace), then the
+        relays (each worker pauses its request, resumable by the next coordinator)."""
+        await self.heartbeat.stop()
+        await self.clock.stop()
+        await self.batch_control.stop()
+        await self.http.stop()
+        if self.batch_runner is not None:
+            await self.batch_runner.stop()
+        await server.stop(self.config.stop_grace_seconds)
+        await self.dispatcher.stop()
+        await self.migrations.close()
+        if self.adoption is not None:
+            self.adoption.close()
+        if self.records is not None:
+            await self.records.stop()
+        await self.registry.close()
 
     async def registered(self, entry: WorkerEntry) -> None:
         """A new worker: ask its Stats now rather than at the next beat."""
@@ -492,6 +606,8 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
             coordinator.migrations,
             coordinator.failover,
             on_registered=lambda entry: spawn(coordinator.registered(entry)),
+            batch_jobs=coordinator.batch_jobs,
+            batch_control=coordinator.batch_control,
         ),
         server,
     )
@@ -514,15 +630,7 @@ async def serve(config: CoordinatorConfig, stop: asyncio.Event | None = None) ->
     )
     await stop.wait()
 
+    coordinator.dispatcher.begin_stop()  # the clients the stop cuts off did not hang up
     await set_serving(health, SERVICE_NAMES, False)
-    await coordinator.heartbeat.stop()
-    await coordinator.http.stop()
-    await server.stop(SERVER_STOP_GRACE_SECONDS)
-    await coordinator.dispatcher.stop()
-    await coordinator.migrations.close()
-    if coordinator.adoption is not None:
-        coordinator.adoption.close()
-    if coordinator.records is not None:
-        await coordinator.records.stop()
-    await coordinator.registry.close()
+    await coordinator.stop(server)
     return 0

@@ -8,6 +8,7 @@ these: inside, code never sees a proto message.
 from __future__ import annotations
 
 from common.messages import (
+    ClassCapView,
     FlushReport,
     NoticeEvent,
     PoolLabels,
@@ -16,6 +17,7 @@ from common.messages import (
     WorkerCapacity,
 )
 from common.requests import (
+    EngineTiming,
     Event,
     EventKind,
     FinishReason,
@@ -64,13 +66,21 @@ def sla_to_proto(sla: SlaClass) -> common_pb2.SlaClass.ValueType:
 
 def request_to_proto(request: GenerationRequest) -> common_pb2.GenerateRequest:
     """A request whose prompt is token ids (text prompts are tokenized at the edge)."""
-    return common_pb2.GenerateRequest(
+    msg = common_pb2.GenerateRequest(
         request_id=request.request_id,
         prompt_token_ids=list(request.prompt_token_ids),
         sampling=sampling_to_proto(request.sampling),
         sla_class=sla_to_proto(request.sla_class),
         tenant=request.tenant,
     )
+    if request.priority is not None:
+        msg.priority = request.priority
+    return msg
+
+
+def priority_from_proto(msg: common_pb2.GenerateRequest) -> int | None:
+    """The request's own priority, None when it names none (checked by the receiver)."""
+    return msg.priority if msg.HasField("priority") else None
 
 
 def event_to_proto(event: Event) -> common_pb2.Event:
@@ -106,6 +116,9 @@ def chunk_to_proto(chunk: TokenChunk) -> common_pb2.GenerateResponse:
     )
     if chunk.event is not None:
         msg.event.CopyFrom(event_to_proto(chunk.event))
+    if chunk.engine_timing is not None:
+        msg.engine_timing.queued_at = chunk.engine_timing.queued_at
+        msg.engine_timing.scheduled_at = chunk.engine_timing.scheduled_at
     return msg
 
 
@@ -118,6 +131,11 @@ def chunk_from_proto(msg: common_pb2.GenerateResponse) -> TokenChunk:
         finish_reason=FinishReason(msg.finish_reason),
         event=event_from_proto(msg.event) if msg.HasField("event") else None,
         worker_id=msg.worker_id,
+        engine_timing=(
+            EngineTiming(msg.engine_timing.queued_at, msg.engine_timing.scheduled_at)
+            if msg.HasField("engine_timing")
+            else None
+        ),
     )
 
 
@@ -187,6 +205,7 @@ def worker_stats_to_proto(stats: WorkerCapacity) -> worker_pb2.WorkerStats:
         model=stats.model,
         generated_tokens_total=stats.generated_tokens_total,
         requests_total=stats.requests_total,
+        stopping_deadline_unix=stats.stopping_deadline_unix,
     )
 
 
@@ -207,6 +226,7 @@ def worker_stats_from_proto(msg: worker_pb2.WorkerStats) -> WorkerCapacity:
         tokens_per_second=msg.tokens_per_second,
         generated_tokens_total=msg.generated_tokens_total,
         requests_total=msg.requests_total,
+        stopping_deadline_unix=msg.stopping_deadline_unix,
     )
 
 
@@ -272,4 +292,16 @@ def registration_from_proto(msg: control_pb2.RegisterWorkerRequest) -> Registrat
         capacity=worker_stats_from_proto(msg.capacity) if msg.HasField("capacity") else None,
         model_fingerprint=msg.model_fingerprint,
         model=msg.model,
+    )
+
+
+def class_cap_to_proto(view: ClassCapView) -> control_pb2.ClassCap:
+    return control_pb2.ClassCap(
+        sla_class=sla_to_proto(SlaClass(view.sla_class)),
+        cap=view.cap,
+        decision=view.decision,
+        reason=view.reason,
+        ttft_p99_seconds=view.ttft_p99_seconds,
+        tpot_seconds=view.tpot_seconds,
+        samples=view.samples,
     )

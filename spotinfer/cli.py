@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "spotinfer.commands.fleet",
     "spotinfer.commands.tune",
     "spotinfer.commands.generate",
+    "spotinfer.commands.batch",
     "spotinfer.commands.coordinator",
     "spotinfer.commands.daemon",
     "spotinfer.commands.drill",

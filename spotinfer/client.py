@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import grpc
@@ -33,6 +34,7 @@ RETRYABLE = frozenset(
 )
 DEFAULT_RECONNECT_ATTEMPTS = 20
 RECONNECT_BACKOFF_SECONDS = 0.25
+DEFAULT_BATCH_PARALLEL = 16  # a batch call's streams at once
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,31 @@ class Client:
         if output is None:
             raise RuntimeError("the server closed the stream without any output")
         return output
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        sampling: Sampling,
+        sla_class: SlaClass = SlaClass.INTERACTIVE,
+        request_id_prefix: str | None = None,
+        max_parallel: int = DEFAULT_BATCH_PARALLEL,
+    ) -> list[RequestOutput]:
+        """A request batch: output i answers ``prompts[i]``. Each prompt is its own request
+        (id ``<prefix>-<i>``), run side by side on a connection of its own (at most
+        ``max_parallel`` at once) and resumed by itself like `generate`, so each runs exactly
+        once. The first refusal is raised once the others are done."""
+        if max_parallel < 1:
+            raise ValueError("max_parallel must be at least 1")
+        prefix = request_id_prefix or f"cli-{uuid.uuid4().hex}"
+
+        def one(index: int) -> RequestOutput:
+            with Client(self._config) as client:
+                return client.generate(prompts[index], sampling, sla_class, f"{prefix}-{index}")
+
+        with ThreadPoolExecutor(max(1, min(max_parallel, len(prompts)))) as pool:
+            futures = [pool.submit(one, i) for i in range(len(prompts))]
+            wait(futures)
+        return [future.result() for future in futures]
 
     def cancel(self, request_id: str) -> bool:
         reply = self._stub.Cancel(inference_pb2.CancelRequest(request_id=request_id), timeout=30)

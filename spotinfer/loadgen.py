@@ -102,6 +102,8 @@ class RequestTrace:
     gaps: int = 0
     reattached: int = 0  # times the stream broke and was picked up with Attach
     resubmitted: int = 0  # times Generate was sent again: no coordinator knew the request
+    engine_queued_at: float | None = None  # the engine's own clock (EngineTiming), first engine
+    engine_scheduled_at: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -316,6 +318,9 @@ def _record(trace: RequestTrace, response: common_pb2.GenerateResponse, now: flo
                 detail=event.detail,
             )
         )
+    if response.HasField("engine_timing") and trace.engine_scheduled_at is None:
+        trace.engine_queued_at = response.engine_timing.queued_at
+        trace.engine_scheduled_at = response.engine_timing.scheduled_at
     expected = len(trace.token_ids)
     for offset, token in enumerate(response.token_ids):
         index = response.index + offset

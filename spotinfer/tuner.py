@@ -81,6 +81,8 @@ class SweepPoint:
     energy_joules_per_token: float
     energy_source: str
     energy_is_estimate: bool
+    energy_detail: str = ""
+    """How the energy was had (the estimate's watts per core and why NVML did not measure)."""
 
 
 class WorkerHandle(Protocol):
@@ -146,6 +148,7 @@ class Tuner:
             energy_joules_per_token=energy.per_token(summary.output_tokens),
             energy_source=energy.source,
             energy_is_estimate=energy.is_estimate,
+            energy_detail=energy.detail,
         )
 
 
@@ -251,7 +254,7 @@ def plot(points: list[SweepPoint], choices: list[Choice], out: Path, model: str)
     import matplotlib.pyplot as plt
 
     rates = sorted({p.rate_per_second for p in points})
-    fig, (ax_tput, ax_ttft, ax_tpot) = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, (ax_tput, ax_ttft, ax_tpot, ax_energy) = plt.subplots(1, 4, figsize=(20, 4.5))
     for rate in rates:
         series = sorted(
             (p for p in points if p.rate_per_second == rate), key=lambda p: p.max_num_seqs
@@ -261,6 +264,7 @@ def plot(points: list[SweepPoint], choices: list[Choice], out: Path, model: str)
         ax_tput.plot(xs, [p.summary.tokens_per_second for p in series], "o-", label=label)
         ax_ttft.plot(xs, [p.summary.ttft_ms_p99 for p in series], "o-", label=label)
         ax_tpot.plot(xs, [p.summary.tpot_ms_p99 for p in series], "o-", label=label)
+        ax_energy.plot(xs, [p.energy_joules_per_token for p in series], "o-", label=label)
     for choice in choices:
         if not math.isinf(choice.targets.ttft_p99_ms):
             ax_ttft.axhline(
@@ -280,6 +284,7 @@ def plot(points: list[SweepPoint], choices: list[Choice], out: Path, model: str)
         (ax_tput, "throughput (tokens/s)"),
         (ax_ttft, "TTFT p99 (ms)"),
         (ax_tpot, "TPOT p99 (ms)"),
+        (ax_energy, f"energy per token, J ({energy_label(points)})"),
     ):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("max_num_seqs (workload batch size)")
@@ -292,6 +297,16 @@ def plot(points: list[SweepPoint], choices: list[Choice], out: Path, model: str)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def energy_label(points: list[SweepPoint]) -> str:
+    """What the energy figures are: ``nvml`` (measured), ``CPU-time estimate``, or ``mixed``."""
+    estimated = {p.energy_is_estimate for p in points}
+    if estimated == {False}:
+        return "nvml"
+    if estimated == {True}:
+        return "CPU-time estimate"
+    return "mixed: nvml and CPU-time estimate"
 
 
 def iter_rows(points: list[SweepPoint]) -> Iterator[list[str]]:

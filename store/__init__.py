@@ -7,6 +7,8 @@ names the record-and-token part the coordinator and the token committer call, wh
 ``memory_store`` also implements (in a dict, for unit tests).
 """
 
+from store.batch_memory_store import MemoryBatchStore
+from store.batch_store import BatchStore, RedisBatchStore
 from store.block_codec import (
     BlockSummary,
     KVBlock,
@@ -34,6 +36,9 @@ from store.request_record import RequestRecord, RequestStatus
 from store.store_config import StoreConfig
 
 __all__ = [
+    "BatchStore",
+    "MemoryBatchStore",
+    "RedisBatchStore",
     "BlockRead",
     "BlockRejected",
     "BlockSummary",

@@ -4,14 +4,20 @@ its code sends and only the key kinds it touches.
 ::
 
     key kind (keys.KeyKind)   worker        daemon   coordinator
-    ------------------------  ------------  -------  ------------------------
-    meta, tokens, blocks,     read + write  -        read meta and blocks
-    tail, blk                                        (adoption's get_request)
+    ------------------------  ------------  -------  ----------------------------------
+    meta, tokens, blocks,     read + write  -        read + write (adoption reads a
+    tail                                             record and its tokens; a release
+                                                     marks or ends a request's keys)
+    blk (KV blocks)           read + write  -        -
     route                     -             -        read + write
+    file-*, batch-* (jobs of  -             -        read + write
+    the Batch API)
 
 The daemon only asks whether Redis answers (its health report), so it holds no key at all.
-A worker cannot read the coordinators' route records; no role may run FLUSHALL, CONFIG,
-KEYS, DEBUG or any other administrative command: those stay with the operator's user.
+The coordinator's commands leave out APPEND and STRLEN, so its user cannot commit a token,
+and it never touches a KV block. A worker cannot read the coordinators' route records; no
+role may run FLUSHALL, CONFIG, KEYS, DEBUG or any other administrative command: those stay
+with the operator's user.
 
 ``ACCESS`` is the one table; ``acl_rules(role)`` turns it into ``ACL SETUSER`` rules and
 ``acl_file_line`` into a line of an ``aclfile``. tests/unit/test_acl.py checks that every key
@@ -68,8 +74,43 @@ _STORE_COMMANDS = (
     "hset",
     "hdel",
 )
-_RECORD_READ_COMMANDS = ("hgetall",)
+# Adoption reads a record and its tokens; RELEASE_REQUEST reads the status, marks or ends.
+_RECORD_COMMANDS = (
+    *("evalsha", "script|load", "exists", "getrange"),
+    *("hget", "hgetall", "hset", "del", "expire"),
+)
 _ROUTE_COMMANDS = ("hgetall", "hset", "pexpire")
+# store/batch_store.py and its scripts (PUT_BATCH_RESULT, TAKE_BATCH_LEASE).
+_BATCH_COMMANDS = (
+    "evalsha",
+    "script|load",
+    "get",
+    "set",
+    "exists",
+    "del",
+    "hget",
+    "hgetall",
+    "hset",
+    "hsetnx",
+    "hincrby",
+    "hkeys",
+    "hlen",
+    "zadd",
+    "zrevrange",
+    "sadd",
+    "srem",
+    "smembers",
+)
+_BATCH_KINDS = (
+    KeyKind.FILE_META,
+    KeyKind.FILE_CONTENT,
+    KeyKind.BATCH_META,
+    KeyKind.BATCH_LINES,
+    KeyKind.BATCH_RESULTS,
+    KeyKind.BATCH_LEASE,
+    KeyKind.BATCH_INDEX,
+    KeyKind.BATCH_ACTIVE,
+)
 
 _REQUEST_KINDS = (KeyKind.META, KeyKind.TOKENS, KeyKind.BLOCKS, KeyKind.TAIL, KeyKind.BLOCK)
 
@@ -77,16 +118,19 @@ ACCESS: Mapping[Role, Mapping[KeyKind, Access]] = {
     Role.WORKER: dict.fromkeys(_REQUEST_KINDS, Access.READ_WRITE),
     Role.DAEMON: {},
     Role.COORDINATOR: {
-        KeyKind.META: Access.READ,
-        KeyKind.BLOCKS: Access.READ,
+        KeyKind.META: Access.READ_WRITE,
+        KeyKind.TOKENS: Access.READ_WRITE,
+        KeyKind.BLOCKS: Access.READ_WRITE,
+        KeyKind.TAIL: Access.READ_WRITE,
         KeyKind.ROUTE: Access.READ_WRITE,
+        **dict.fromkeys(_BATCH_KINDS, Access.READ_WRITE),
     },
 }
 
 COMMANDS: Mapping[Role, tuple[str, ...]] = {
     Role.WORKER: _STORE_COMMANDS,
     Role.DAEMON: (),
-    Role.COORDINATOR: tuple(sorted({*_RECORD_READ_COMMANDS, *_ROUTE_COMMANDS})),
+    Role.COORDINATOR: tuple(sorted({*_RECORD_COMMANDS, *_ROUTE_COMMANDS, *_BATCH_COMMANDS})),
 }
 
 

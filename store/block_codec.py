@@ -12,6 +12,9 @@ A partial last block gets the same kind of link over the tokens it holds; that h
 its header for verification, but the block is stored under a per-request key (its content
 changes as the request decodes, so it must not pose as a shared full block).
 
+A block of the store is its unit of ``KVFormat.block_tokens`` tokens: the connector stores
+chunks (256 tokens by default, several of the engine's own blocks) as one block each.
+
 Stored form: ONE Redis string per block, a fixed binary header followed by the payload::
 
     offset  size  field
@@ -180,7 +183,8 @@ class KVFormat:
     layer_count: int
     """Attention layers whose KV the payload holds."""
     block_tokens: int
-    """Tokens per KV block of the engine (128 on vLLM-CPU, 16 on GPU)."""
+    """Tokens per stored block: the connector's chunk (a multiple of the engine's block of 128
+    tokens on vLLM-CPU, 16 on GPU)."""
 
     def __post_init__(self) -> None:
         if not self.model_fingerprint:

@@ -30,6 +30,13 @@ RECORD_MAC_FIELD = "mac"
 # --- expiry -----------------------------------------------------------------------------------
 DEFAULT_REQUEST_TTL_SECONDS = 6 * 3600
 DEFAULT_RETENTION_SECONDS = 0
+# A request that ended by itself (FINISHED) keeps its keys this long unless a coordinator says
+# its client got the end first: a client whose coordinator died meanwhile is replayed from them.
+DEFAULT_UNDELIVERED_RETENTION_SECONDS = 300
+# Meta field set ("1") by a coordinator whose client got the request's end.
+RELEASED_FIELD = "released"
+# Meta field: how the request ended (a FinishReason name), set when it ends.
+FINISH_REASON_FIELD = "finish_reason"
 DEFAULT_BLOCK_TTL_SECONDS = 3600
 
 # --- Redis client -----------------------------------------------------------------------------

@@ -23,6 +23,18 @@ blocks spread over the cluster.
                                                 status, delivered length                the coordinator
     si:v1:blk:{<block_hash_hex>}        STRING  one full KV block (header + payload),   block TTL, reset
                                                 shared by all requests with its prefix  when referenced
+    si:v1:file:{<file_id>}:meta         HASH    an uploaded or a batch's output file:   none (deleted
+                                                id, tenant, filename, purpose, bytes,   by an operator)
+                                                created_at
+    si:v1:file:{<file_id>}:content      STRING  the file's bytes (JSONL)                as meta
+    si:v1:batch:{<batch_id>}:meta       HASH    a batch job (coordinator/batch_jobs.py) none
+    si:v1:batch:{<batch_id>}:lines      HASH    custom_id -> the line's latest attempt  as meta
+                                                (its request id, JSON)
+    si:v1:batch:{<batch_id>}:results    HASH    custom_id -> the line's output line;    as meta
+                                                written once (HSETNX, with its count)
+    si:v1:batch:{<batch_id>}:lease      STRING  the coordinator running the job         lease TTL
+    si:v1:batches:{index}               ZSET    every batch id, scored by created_at    none
+    si:v1:batches:{active}              SET     the batch ids not yet in a final state  none
 
     meta fields: request_id, model_fingerprint, prompt_token_ids (packed uint32 LE),
     sampling_params (JSON), status, owner_worker_id, committed_length, created_unix_ms,
@@ -49,6 +61,30 @@ class KeyKind(enum.Enum):
     TAIL = "tail"
     ROUTE = "route"
     BLOCK = "blk"
+    FILE_META = "file-meta"
+    FILE_CONTENT = "file-content"
+    BATCH_META = "batch-meta"
+    BATCH_LINES = "batch-lines"
+    BATCH_RESULTS = "batch-results"
+    BATCH_LEASE = "batch-lease"
+    BATCH_INDEX = "batch-index"
+    BATCH_ACTIVE = "batch-active"
+
+
+# The batch kinds: (family, part) of "<prefix><family>:{<id>}:<part>"; the two sets carry a
+# fixed tag instead of an id.
+_BATCH_KEY_PARTS = {
+    KeyKind.FILE_META: ("file", "meta"),
+    KeyKind.FILE_CONTENT: ("file", "content"),
+    KeyKind.BATCH_META: ("batch", "meta"),
+    KeyKind.BATCH_LINES: ("batch", "lines"),
+    KeyKind.BATCH_RESULTS: ("batch", "results"),
+    KeyKind.BATCH_LEASE: ("batch", "lease"),
+}
+_BATCH_SET_KEYS = {
+    KeyKind.BATCH_INDEX: f"{KEY_PREFIX}batches:{{index}}",
+    KeyKind.BATCH_ACTIVE: f"{KEY_PREFIX}batches:{{active}}",
+}
 
 
 def key_pattern(kind: KeyKind) -> str:
@@ -56,6 +92,11 @@ def key_pattern(kind: KeyKind) -> str:
     hold no braces, so ``{*}`` cannot reach past the hash tag)."""
     if kind is KeyKind.BLOCK:
         return f"{KEY_PREFIX}blk:{{*}}"
+    if kind in _BATCH_SET_KEYS:
+        return _BATCH_SET_KEYS[kind]
+    if kind in _BATCH_KEY_PARTS:
+        family, part = _BATCH_KEY_PARTS[kind]
+        return f"{KEY_PREFIX}{family}:{{*}}:{part}"
     return f"{KEY_PREFIX}req:{{*}}:{kind.value}"
 
 
@@ -129,3 +170,16 @@ def request_route_key(request_id: str) -> str:
     status, delivered_length, sla_class, updated_unix_ms). Shares the request's hash tag but
     not its lifecycle scripts: the coordinator writes it and sets its own expiry."""
     return _request_key(request_id, KeyKind.ROUTE)
+
+
+def batch_object_key(kind: KeyKind, object_id: str) -> str:
+    """A key of a file or a batch job (``kind`` one of the FILE_* / BATCH_* kinds with an
+    id); the id follows the request-id rules (no braces, no whitespace)."""
+    validate_request_id(object_id)
+    family, part = _BATCH_KEY_PARTS[kind]
+    return f"{KEY_PREFIX}{family}:{{{object_id}}}:{part}"
+
+
+def batch_set_key(kind: KeyKind) -> str:
+    """The index of every batch job (BATCH_INDEX) or of the unfinished ones (BATCH_ACTIVE)."""
+    return _BATCH_SET_KEYS[kind]

@@ -12,7 +12,7 @@ import enum
 import hashlib
 from dataclasses import dataclass
 
-from store.constants import TOKEN_ID_BYTES
+from store.constants import FINISH_REASON_FIELD, RELEASED_FIELD, TOKEN_ID_BYTES
 from store.request_record import (
     PAUSED_WITHOUT_KV_FIELD,
     TERMINAL_STATUSES,
@@ -108,22 +108,50 @@ return {{{ScriptCode.BAD_TRANSITION}, status}}
 """,
 )
 
-# KEYS: meta, tokens, blocks, tail.  ARGV: final status, now ms, retention seconds,
-# allowed previous...  Retention 0 deletes every key of the request; otherwise the record
-# keeps its final status and all keys expire after the retention. Returns {code, status before}.
+# KEYS: meta, tokens, blocks, tail.  ARGV: final status, now ms, retention seconds, hold
+# seconds, finish reason, allowed previous...  The keys are kept for the longer of retention
+# and hold, unless a coordinator already released the request (its client got the end): then
+# for the retention alone. 0 deletes every key of the request; otherwise the record keeps its
+# final status and finish reason and all keys expire then. Returns {code, status before}.
 FINISH_REQUEST = LuaScript(
     "finish_request",
     f"""
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {{{ScriptCode.NO_RECORD}, ''}} end
 local allowed = false
-for i = 4, #ARGV do if ARGV[i] == status then allowed = true end end
+for i = 6, #ARGV do if ARGV[i] == status then allowed = true end end
 if not allowed then return {{{ScriptCode.BAD_TRANSITION}, status}} end
-if tonumber(ARGV[3]) == 0 then
+local keep = tonumber(ARGV[3])
+if redis.call('HGET', KEYS[1], '{RELEASED_FIELD}') ~= '1' then
+  keep = math.max(keep, tonumber(ARGV[4]))
+end
+if keep == 0 then
   redis.call('DEL', unpack(KEYS))
 else
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_unix_ms', ARGV[2])
-  for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_unix_ms', ARGV[2],
+    '{FINISH_REASON_FIELD}', ARGV[5])
+  for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], keep) end
+end
+return {{{ScriptCode.OK}, status}}
+""",
+)
+
+# KEYS: meta, tokens, blocks, tail.  ARGV: retention seconds.  A coordinator's client got the
+# request's end: an ended request keeps its keys for the retention only (0 deletes them); a
+# live one (its worker's finish is still on the way) is marked, so that its finish does.
+# Returns {code, status}.
+RELEASE_REQUEST = LuaScript(
+    "release_request",
+    f"""
+local terminal = {{{_TERMINAL_LUA_SET}}}
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {{{ScriptCode.NO_RECORD}, ''}} end
+if not terminal[status] then
+  redis.call('HSET', KEYS[1], '{RELEASED_FIELD}', '1')
+elseif tonumber(ARGV[1]) == 0 then
+  redis.call('DEL', unpack(KEYS))
+else
+  for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
 end
 return {{{ScriptCode.OK}, status}}
 """,
@@ -168,12 +196,38 @@ return {ScriptCode.OK}
 """,
 )
 
+# KEYS: a batch's results, its meta.  ARGV: custom_id, the result line, a counter field.
+# The result of a line is written once: a second write of the same line changes nothing
+# (and counts nothing). Returns OK when written, EXISTS when the line had a result.
+PUT_BATCH_RESULT = LuaScript(
+    "put_batch_result",
+    f"""
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return {ScriptCode.EXISTS} end
+redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+return {ScriptCode.OK}
+""",
+)
+
+# KEYS: a batch's lease.  ARGV: owner, ttl ms. Taken when free or already the owner's.
+TAKE_BATCH_LEASE = LuaScript(
+    "take_batch_lease",
+    f"""
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return {ScriptCode.EXISTS} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {ScriptCode.OK}
+""",
+)
+
 ALL_SCRIPTS = (
     COMMIT_TOKENS,
     CREATE_REQUEST,
     SET_STATUS,
     FINISH_REQUEST,
+    RELEASE_REQUEST,
     ATTACH_BLOCK,
     PUT_TAIL,
     MARK_PAUSED_WITHOUT_KV,
+    PUT_BATCH_RESULT,
+    TAKE_BATCH_LEASE,
 )

@@ -4,7 +4,9 @@ It keeps the semantics callers rely on, as RedisStore's scripts (lua_scripts.py)
 creating a taken id raises RequestExists; status moves follow ALLOWED_PREVIOUS (nothing
 leaves a terminal status); a token commit appends only at the committed length, accepts a
 matching overlap (idempotent retries) and refuses a gap, a mismatch, an unknown or an ended
-request without writing anything; a finish with retention 0 deletes the request.
+request without writing anything; a finish with retention 0 deletes the request, unless it
+FINISHED and nobody released it yet (`release_request`: a coordinator's client got its end)
+while the undelivered retention is on: then it is kept, and its release deletes it.
 
 What it leaves out, on purpose: there is no expiry (TTLs are ignored: a record stays until it
 is finished without retention or deleted), no KV blocks (records never list persisted block
@@ -35,6 +37,7 @@ from store.store_config import StoreConfig
 class _Stored:
     record: RequestRecord
     token_ids: list[int] = field(default_factory=list)
+    released: bool = False  # a coordinator's client got its end
 
 
 class MemoryStore:
@@ -93,7 +96,10 @@ class MemoryStore:
         return before
 
     def finish_request(
-        self, request_id: str, status: RequestStatus = RequestStatus.FINISHED
+        self,
+        request_id: str,
+        status: RequestStatus = RequestStatus.FINISHED,
+        finish_reason: str = "",
     ) -> bool:
         if not status.is_terminal:
             raise ValueError(f"{status} is not a terminal status")
@@ -103,12 +109,30 @@ class MemoryStore:
         before = stored.record.status
         if before not in ALLOWED_PREVIOUS[status]:
             raise InvalidTransition(request_id, before.value, status.value)
-        if self._config.retention_seconds == 0:
+        held = (
+            status is RequestStatus.FINISHED
+            and not stored.released
+            and self._config.undelivered_retention_seconds > 0
+        )
+        if self._config.retention_seconds == 0 and not held:
             del self._requests[request_id]
         else:  # kept with its final status (for good: no expiry here)
             stored.record = dataclasses.replace(
-                stored.record, status=status, updated_unix_ms=self._now_ms()
+                stored.record,
+                status=status,
+                finish_reason=finish_reason,
+                updated_unix_ms=self._now_ms(),
             )
+        return True
+
+    def release_request(self, request_id: str) -> bool:
+        stored = self._requests.get(request_id)
+        if stored is None:
+            return False
+        if not stored.record.status.is_terminal:
+            stored.released = True
+        elif self._config.retention_seconds == 0:
+            del self._requests[request_id]
         return True
 
     def delete_request(self, request_id: str) -> int:
@@ -131,6 +155,9 @@ class MemoryStore:
 
     def committed_tokens(self, request_id: str, start_index: int = 0) -> list[int]:
         return list(self._stored(request_id).token_ids[start_index:])
+
+    def ping(self) -> None:
+        """Always answers (no outage here)."""
 
     def close(self) -> None:
         self.closed = True

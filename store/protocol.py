@@ -5,7 +5,8 @@ committed tokens, nothing of KV blocks.
 (`get_request`), the reroute failover drops an abandoned one (`delete_request`), the token
 committer creates, moves and ends records and commits tokens (`create_request`,
 `update_status`, `finish_request`, `commit_step`), a resume reads the tokens
-(`committed_tokens`) — so that they take any store through their constructors. `RedisStore`
+(`committed_tokens`), the coordinator whose client got a request's end releases its keys
+(`release_request`) — so that they take any store through their constructors. `RedisStore`
 is the implementation that runs; `MemoryStore` (memory_store.py) is the one unit tests give
 them. KV blocks (`put_blocks`, `get_blocks`, ...) stay RedisStore's alone: their callers are
 tested against real Redis.
@@ -24,6 +25,10 @@ class RequestStore(Protocol):
     """Every method is atomic per request and raises StoreUnavailable when the store cannot
     be reached; the other failures are the typed ones of errors.py."""
 
+    def ping(self) -> None:
+        """Returns when the store answers; raises StoreUnavailable otherwise."""
+        ...
+
     def create_request(self, record: RequestRecord) -> None:
         """Stores a new record; raises RequestExists if the id is taken."""
         ...
@@ -40,10 +45,20 @@ class RequestStore(Protocol):
         ...
 
     def finish_request(
-        self, request_id: str, status: RequestStatus = RequestStatus.FINISHED
+        self,
+        request_id: str,
+        status: RequestStatus = RequestStatus.FINISHED,
+        finish_reason: str = "",
     ) -> bool:
-        """Ends the request (deleted, or kept the retention with ``status``); False when no
-        record exists, so a retried finish is harmless."""
+        """Ends the request (deleted, or kept the retention with ``status`` and
+        ``finish_reason``; a FINISHED one not yet released is kept the undelivered retention);
+        False when no record exists, so a retried finish is harmless."""
+        ...
+
+    def release_request(self, request_id: str) -> bool:
+        """The request's client got its end: an ended request keeps its keys for the
+        retention only (0 deletes them), a live one is marked so that its finish does;
+        False when no record exists."""
         ...
 
     def delete_request(self, request_id: str) -> int:

@@ -46,6 +46,7 @@ from store.lua_scripts import (
     FINISH_REQUEST,
     MARK_PAUSED_WITHOUT_KV,
     PUT_TAIL,
+    RELEASE_REQUEST,
     SET_STATUS,
     ScriptCode,
 )
@@ -101,6 +102,30 @@ class RequestView:
     committed_tokens: list[int]
     tail: BlockSummary | None
     """The header of the stored partial tail, unverified; None when there is none."""
+
+
+def _status_result(
+    request_id: str, code: int, before: bytes, wanted: RequestStatus
+) -> RequestStatus:
+    """The status before a script's move; raises what its code says went wrong."""
+    if code == ScriptCode.NO_RECORD:
+        raise RequestNotFound(request_id)
+    if code == ScriptCode.BAD_TRANSITION:
+        raise InvalidTransition(request_id, before.decode(), wanted.value)
+    return RequestStatus(before.decode())
+
+
+def _finish_args(
+    config: StoreConfig, status: RequestStatus, finish_reason: str, now_ms: int
+) -> list[Any]:
+    """FINISH_REQUEST's arguments: the keys are deleted, or kept ``retention_seconds`` with
+    ``status`` and ``finish_reason`` (a FinishReason name); a FINISHED request nobody released
+    yet (`RedisStore.release_request`) keeps them ``undelivered_retention_seconds`` if longer."""
+    if not status.is_terminal:
+        raise ValueError(f"{status} is not a terminal status")
+    hold = config.undelivered_retention_seconds if status is RequestStatus.FINISHED else 0
+    allowed = (previous.value for previous in ALLOWED_PREVIOUS[status])
+    return [status.value, now_ms, config.retention_seconds, hold, finish_reason, *allowed]
 
 
 def _stored_form(block: KVBlock | EncodedBlock, keyring: MacKeyring) -> EncodedBlock:
@@ -226,31 +251,33 @@ class RedisStore:
         ((code, before),) = self._run(
             [evalsha(SET_STATUS, [keys.request_meta_key(request_id)], args)]
         )
-        return self._status_result(request_id, code, before, status)
+        return _status_result(request_id, code, before, status)
 
     def finish_request(
-        self, request_id: str, status: RequestStatus = RequestStatus.FINISHED
+        self,
+        request_id: str,
+        status: RequestStatus = RequestStatus.FINISHED,
+        finish_reason: str = "",
     ) -> bool:
-        """End the request: delete its keys, or keep them ``retention_seconds`` with ``status``.
-
-        Returns False when no record exists (already deleted or expired), so a retried finish
-        is harmless. Shared KV blocks are not touched: other requests may use them; they expire.
-        """
-        if not status.is_terminal:
-            raise ValueError(f"{status} is not a terminal status")
-        args = [
-            status.value,
-            self._now_ms(),
-            self._config.retention_seconds,
-            *(previous.value for previous in ALLOWED_PREVIOUS[status]),
-        ]
+        """End the request (see `_finish_args`); False when no record exists (deleted or
+        expired), so a retried finish is harmless. Shared KV blocks are not touched: other
+        requests may use them; they expire."""
+        args = _finish_args(self._config, status, finish_reason, self._now_ms())
         ((code, before),) = self._run(
             [evalsha(FINISH_REQUEST, keys.request_keys(request_id), args)]
         )
         if code == ScriptCode.NO_RECORD:
             return False
-        self._status_result(request_id, code, before, status)
+        _status_result(request_id, code, before, status)
         return True
+
+    def release_request(self, request_id: str) -> bool:
+        """The request's client got its end: an ended request keeps its keys for
+        ``retention_seconds`` only (0 deletes them); a live one is marked so that its finish
+        does. False when no record exists."""
+        args = [self._config.retention_seconds]
+        ((code, _),) = self._run([evalsha(RELEASE_REQUEST, keys.request_keys(request_id), args)])
+        return bool(code == ScriptCode.OK)
 
     def mark_paused_without_kv(self, request_ids: Sequence[str]) -> list[bool]:
         """Record that the pause of each request found none of its KV computed (its flush
@@ -503,15 +530,6 @@ class RedisStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
-
-    def _status_result(
-        self, request_id: str, code: int, before: bytes, wanted: RequestStatus
-    ) -> RequestStatus:
-        if code == ScriptCode.NO_RECORD:
-            raise RequestNotFound(request_id)
-        if code == ScriptCode.BAD_TRANSITION:
-            raise InvalidTransition(request_id, before.decode(), wanted.value)
-        return RequestStatus(before.decode())
 
     def _run(self, commands: Sequence[Command]) -> list[Any]:
         return self._link.run(commands)

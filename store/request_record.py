@@ -11,7 +11,7 @@ from typing import Any
 
 from common.requests import Sampling
 from store.block_codec import pack_token_ids, unpack_token_ids
-from store.constants import RECORD_MAC_FIELD
+from store.constants import FINISH_REASON_FIELD, RECORD_MAC_FIELD
 from store.keys import validate_request_id
 from store.mac_keyring import MacKeyring
 
@@ -72,6 +72,13 @@ class RequestRecord:
     worker runs it again."""
     tenant: str = ""
     """Whose request it is (GenerationRequest.tenant): a resume salts its KV with it."""
+    finish_reason: str = ""
+    """How it ended (a FinishReason name: STOP, LENGTH, ...); empty while it runs."""
+    sla_class: str = "INTERACTIVE"
+    """Its SLA class by name (GenerationRequest.sla_class): a resume keeps its place in the
+    engine's order (a batch request must not come back as an interactive one)."""
+    priority: int | None = None
+    """Its own priority within the class (GenerationRequest.priority); None: the default."""
 
     def __post_init__(self) -> None:
         validate_request_id(self.request_id)
@@ -96,6 +103,8 @@ class RequestRecord:
             "updated_unix_ms": self.updated_unix_ms,
             "kv_block_tokens": self.kv_block_tokens,
             "tenant": self.tenant,
+            "sla_class": self.sla_class,
+            "priority": "" if self.priority is None else str(self.priority),
         }
 
     @classmethod
@@ -119,6 +128,9 @@ class RequestRecord:
             persisted_block_hashes=contiguous_block_hashes(block_hashes),
             paused_without_kv=fields.get(PAUSED_WITHOUT_KV_FIELD.encode()) == b"1",
             tenant=fields.get(b"tenant", b"").decode(),
+            finish_reason=fields.get(FINISH_REASON_FIELD.encode(), b"").decode(),
+            sla_class=fields.get(b"sla_class", b"INTERACTIVE").decode(),
+            priority=int(fields[b"priority"]) if fields.get(b"priority") else None,
         )
 
 
@@ -132,6 +144,8 @@ SIGNED_FIELDS = (
     "sampling_params",
     "kv_block_tokens",
     "tenant",
+    "sla_class",
+    "priority",
 )
 
 

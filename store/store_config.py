@@ -23,6 +23,7 @@ from store.constants import (
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_SOCKET_CONNECT_TIMEOUT_SECONDS,
     DEFAULT_SOCKET_TIMEOUT_SECONDS,
+    DEFAULT_UNDELIVERED_RETENTION_SECONDS,
 )
 
 
@@ -35,7 +36,12 @@ class StoreConfig:
     request_ttl_seconds: int = DEFAULT_REQUEST_TTL_SECONDS
     """Lifetime of an abandoned request's keys; every commit starts it again."""
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
-    """How long a finished request's keys stay readable; 0 deletes them at once."""
+    """How long an ended request's keys stay readable once its client got the end (a
+    coordinator says so); 0 deletes them at once."""
+    undelivered_retention_seconds: int = DEFAULT_UNDELIVERED_RETENTION_SECONDS
+    """How long a request that finished keeps its record and tokens while no coordinator has
+    said that its client got the end (the coordinator died first; its successor replays them
+    to the re-attaching client); 0: no such wait, ``retention_seconds`` applies at once."""
     block_ttl_seconds: int = DEFAULT_BLOCK_TTL_SECONDS
     """Lifetime of a shared KV block; every write or read of it starts it again."""
     socket_timeout_seconds: float = DEFAULT_SOCKET_TIMEOUT_SECONDS
@@ -71,6 +77,8 @@ class StoreConfig:
             raise ValueError("request_ttl_seconds must be positive")
         if self.retention_seconds < 0:
             raise ValueError("retention_seconds must not be negative")
+        if self.undelivered_retention_seconds < 0:
+            raise ValueError("undelivered_retention_seconds must not be negative")
         if self.block_ttl_seconds <= 0:
             raise ValueError("block_ttl_seconds must be positive")
         if self.socket_timeout_seconds <= 0 or self.socket_connect_timeout_seconds <= 0:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from spotinfer.local.redis_process import RedisProcess
+from store import RedisStore
 from tests.support.redis_server import RedisServer, skip_without_redis
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -32,6 +33,14 @@ def redis_server() -> Iterator[RedisServer]:
     by their request ids. A test that kills or restarts Redis takes `own_redis_server`."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    """A client of the package's redis-server (a package that needs another defines its own)."""
+    store = RedisStore.from_url(redis_server.url)
+    yield store
+    store.close()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from common.validation import check_host_port
 from store.store_config import StoreConfig
 from worker.constants import (
     DEFAULT_DRAIN_GRACE_SECONDS,
+    DEFAULT_KV_CHUNK_TOKENS,
     DEFAULT_LEASE_INTERVAL_SECONDS,
     DEFAULT_LEASE_TTL_SECONDS,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -27,6 +28,7 @@ from worker.constants import (
     DEFAULT_STAGING_MIB,
     DTYPES,
     KV_PERSIST_POLICIES,
+    SCHEDULING_POLICIES,
 )
 
 
@@ -99,7 +101,10 @@ class WorkerConfig:
     )
     worker_id: str = field(
         default_factory=functools.partial(unique_name, "worker"),
-        metadata={"help": "name in the cluster"},
+        metadata={
+            "help": "name in the cluster, and the node its daemon's certificate names "
+            "(spiffe://spotinfer/node/<worker id>) for Preempt, Resume and Prefetch"
+        },
     )
     dtype: str = field(default="auto", metadata={"help": "weights/KV dtype", "choices": DTYPES})
     max_model_len: int = field(
@@ -127,7 +132,10 @@ class WorkerConfig:
         default=0.9, metadata={"help": "GPU: fraction of device memory vLLM may use"}
     )
     tensor_parallel_size: int = field(default=1, metadata={"help": "tensor parallel degree"})
-    enforce_eager: bool = field(default=True, metadata={"help": "skip graph capture"})
+    enforce_eager: bool | None = field(
+        default=None,
+        metadata={"help": "skip CUDA graph capture; unset: on CPU only (on GPU, graphs stay on)"},
+    )
     enable_prefix_caching: bool = field(
         default=False,
         metadata={
@@ -136,6 +144,16 @@ class WorkerConfig:
         },
     )
     seed: int = field(default=0, metadata={"help": "engine seed"})
+    scheduling_policy: str = field(
+        default="priority",
+        metadata={
+            "help": "the engine's order of waiting requests; priority: every INTERACTIVE "
+            "request before every BATCH one, then the request's own priority, then arrival "
+            "(vLLM priority scheduling); fcfs: arrival alone (a request that sets a priority "
+            "is refused)",
+            "choices": SCHEDULING_POLICIES,
+        },
+    )
     tuning_file: str = field(
         default="",
         metadata={
@@ -180,6 +198,20 @@ class WorkerConfig:
             "choices": KV_PERSIST_POLICIES,
         },
     )
+    allow_other_vllm: bool = field(
+        default=False,
+        metadata={
+            "help": "load the spot KV connector on a vLLM outside the release line it supports "
+            "(its internals may differ)"
+        },
+    )
+    kv_chunk_tokens: int = field(
+        default=DEFAULT_KV_CHUNK_TOKENS,
+        metadata={
+            "help": "tokens of KV stored as one Redis value (a multiple of vLLM's block size; "
+            "the connector refuses another)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -192,7 +224,7 @@ class WorkerConfig:
             raise ValueError("unix_socket is a path; leave out the unix: prefix")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
+        for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size", "kv_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("max_num_batched_tokens", "kv_cache_bytes", "max_tokens_limit", "staging_mib"):
@@ -221,6 +253,11 @@ class WorkerConfig:
             )
         if self.metadata_url and not self.metadata_url.startswith(("http://", "https://")):
             raise ValueError(f"metadata_url must be an http(s) URL, got {self.metadata_url!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, "
+                f"got {self.scheduling_policy!r}"
+            )
         if self.kv_persist_policy not in KV_PERSIST_POLICIES:
             raise ValueError(
                 f"kv_persist_policy must be one of {KV_PERSIST_POLICIES}, "

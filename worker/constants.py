@@ -4,6 +4,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_DRAIN_GRACE_SECONDS = 30.0
+# A stopping worker (SIGTERM) with a store waits this share of its grace for its coordinator
+# to move its requests (staged, then a Preempt through the daemon) before it pauses and
+# persists them itself.
+STOP_HANDOFF_SHARE = 0.5
 # Registration with the coordinator(s): renewed every interval; the coordinator keeps it for
 # the TTL without one (three renewals may be lost before the worker leaves routing).
 DEFAULT_LEASE_INTERVAL_SECONDS = 2.0
@@ -20,6 +24,9 @@ SERVER_STOP_GRACE_SECONDS = 2.0
 
 # --- persistence (Redis) ----------------------------------------------------------------------
 KV_PERSIST_POLICIES = ("eager", "lazy", "off")
+# vLLM's scheduling policies: priority orders the waiting queue by (priority, arrival) and,
+# when KV runs out, preempts the lowest-priority running request; fcfs by arrival alone.
+SCHEDULING_POLICIES = ("priority", "fcfs")
 # The connector class vLLM loads from `kv_connector_module_path`.
 SPOT_CONNECTOR_CLASS = "SpotKVConnector"
 SPOT_CONNECTOR_MODULE = "worker.spot_connector"
@@ -30,7 +37,11 @@ KV_PARAM_TENANT = "spotinfer_tenant"
 KV_PARAM_RESUME = "resume"
 # While Redis is away, the token committer tries again this often.
 PERSIST_RETRY_SECONDS = 1.0
-# Blocks waiting for the connector's writer thread; beyond this, new saves are dropped (counted)
+# Tokens of KV stored as one Redis value (a chunk: several of vLLM's blocks, 2 on CPU, 16 on
+# GPU), so a value is ~MiB rather than one key per 16 tokens; the content-address chain runs
+# over chunks. A multiple of vLLM's block size.
+DEFAULT_KV_CHUNK_TOKENS = 256
+# Chunks waiting for the connector's writer thread; beyond this, new saves are dropped (counted)
 # rather than holding KV copies in memory without bound while Redis is slow or gone.
 KV_WRITE_QUEUE_BLOCKS = 256
 # Most blocks in one write batch (one pipelined round trip): small enough that the queue's
@@ -69,6 +80,9 @@ STAGING_STALE_SECONDS = 300.0
 DEFAULT_PREEMPT_GRACE_SECONDS = 30.0
 # How long preempt waits for the paused requests' streams to end after the abort.
 STREAM_END_WAIT_SECONDS = 5.0
+# A Resume of a request that still runs here (its old caller gone unseen): how long the old
+# run may take to pause and get its tokens into the store before the Resume is refused.
+TAKE_OVER_WAIT_SECONDS = 10.0
 # A paused request's stream ends with a NOTICE event carrying this detail.
 PAUSED_DETAIL = "paused for migration"
 # Bytes of each weights file that go into the model fingerprint: enough to tell two
@@ -77,3 +91,9 @@ FINGERPRINT_WEIGHT_BYTES = 1024 * 1024
 # Flush planner: bytes a committed token costs on the wire besides its id (command framing,
 # key, script args), amortised: tokens are tiny next to KV, which is why they always go first.
 TOKEN_WIRE_BYTES = 16
+
+# A resume's blocks refused by their MAC travel per request in the connector's stats under
+# "<prefix><request id>"; the worker keeps the counts of this many requests until their
+# MIGRATED / RECOVERED event takes them.
+MAC_REJECTED_REQUEST_PREFIX = "mac_rejected_blocks:"
+MAC_REJECTED_REQUESTS_KEPT = 4096

@@ -69,6 +69,7 @@ class WorkerStatus:
     shape: EngineShape | None
     requests_total: int
     degraded: bool  # persistence is configured but Redis does not answer
+    stopping_deadline_unix: float = 0.0  # > 0: being stopped; its requests move by then
 
 
 class Engine:
@@ -96,7 +97,7 @@ class Engine:
                 config.staging_mib * 2**20,
                 STAGING_STALE_SECONDS,
             )
-        self._ctx = EngineContext(config, store, staging)
+        self._ctx = EngineContext(config, store, staging, stats=self._stats)
         self._builder = EngineBuilder(config, self._stats, store is not None, staging)
         self._streams = RequestStreams(self._ctx)
         self._resumption = Resumption(self._ctx, self._streams)
@@ -207,6 +208,11 @@ class Engine:
         the rest (their streams end CANCELLED). Returns how many had to be aborted."""
         return await self._preemption.drain(grace_seconds)
 
+    async def stop(self, grace_seconds: float) -> tuple[int, int]:
+        """SIGTERM: with a store, the in-flight requests move as on a notice; without one,
+        a drain. Returns (moved, cut); see `Preemption.stop`."""
+        return await self._preemption.stop(grace_seconds)
+
     def preempt(self, deadline_unix: float) -> AsyncIterator[FlushState]:
         """A termination notice: stop admitting, pause every in-flight request and persist it.
         Yields one FlushState per paused request (see `Preemption.preempt`)."""
@@ -230,4 +236,5 @@ class Engine:
             shape=self._ctx.shape,
             requests_total=self._streams.requests_total,
             degraded=committer is not None and committer.degraded,
+            stopping_deadline_unix=self._preemption.stopping_deadline_unix,
         )

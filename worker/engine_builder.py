@@ -24,6 +24,8 @@ class EngineShape:
     kv_blocks_total: int
     kv_block_tokens: int
     kv_cache_bytes: int
+    kv_chunk_tokens: int
+    """Tokens of one stored KV value (the store's unit: hash chain, flush state, staging)."""
 
 
 class EngineBuilder:
@@ -65,12 +67,14 @@ class EngineBuilder:
             kv_cache_memory_bytes=kv_cache_bytes or None,
             gpu_memory_utilization=self.config.gpu_memory_utilization,
             tensor_parallel_size=self.config.tensor_parallel_size,
-            enforce_eager=self.config.enforce_eager,
+            enforce_eager=self._enforce_eager(),
             # A migration target warms the staged blocks into vLLM's prefix cache (see
             # prefetch); each request's own salt keeps others from sharing them unless
             # cross-request prefix caching is asked for.
             enable_prefix_caching=self.config.enable_prefix_caching or self._staging is not None,
             seed=self.config.seed,
+            scheduling_policy=self.config.scheduling_policy,  # type: ignore[arg-type]
+            # Stats on: vLLM's per-request queued / scheduled timestamps (EngineTiming).
             disable_log_stats=False,
             # The real batch of each step (prefills + decodes) for the batch-size histogram.
             enable_logging_iteration_details=True,
@@ -94,8 +98,18 @@ class EngineBuilder:
                 fingerprint,
                 self.config.kv_persist_policy,
                 staging_dir,
+                self.config.kv_chunk_tokens,
+                self.config.allow_other_vllm,
             )
         )
+
+    def _enforce_eager(self) -> bool:
+        """As asked; unset: eager on CPU only (on GPU, CUDA graphs stay on)."""
+        if self.config.enforce_eager is not None:
+            return self.config.enforce_eager
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
 
     def planned_kv_and_seqs(self) -> tuple[int, int]:
         """KV bytes and max_num_seqs: explicit values, or the memory planner's when
@@ -129,6 +143,7 @@ class EngineBuilder:
             kv_blocks_total=blocks,
             kv_block_tokens=int(cache.block_size),
             kv_cache_bytes=int(cache.kv_cache_memory_bytes or 0),
+            kv_chunk_tokens=self.config.kv_chunk_tokens,
         )
 
 

@@ -10,6 +10,7 @@ from common.validation import Limits
 from store import RedisStore
 from worker.config import WorkerConfig
 from worker.engine_builder import EngineShape
+from worker.engine_stats import EngineStats
 from worker.errors import EngineNotReady
 from worker.kv_staging import StagingArea
 from worker.token_committer import TokenCommitter
@@ -29,6 +30,8 @@ class EngineContext:
     shape: EngineShape | None = None
     limits: Limits | None = None
     committer: TokenCommitter | None = None
+    stats: EngineStats | None = None
+    """What vLLM's stat logger reports (a resume's blocks refused by their MAC among it)."""
 
     def require_shape(self) -> EngineShape:
         if self.shape is None:

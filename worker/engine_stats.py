@@ -15,7 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from worker.constants import THROUGHPUT_WINDOW_SECONDS
+from worker.constants import (
+    MAC_REJECTED_REQUEST_PREFIX,
+    MAC_REJECTED_REQUESTS_KEPT,
+    THROUGHPUT_WINDOW_SECONDS,
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class EngineStats:
         self._kv_usage = 0.0
         self._generated_total = 0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        # request id → blocks its resume refused by their MAC, until its event takes them.
+        self._mac_rejected: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     def record_step(
         self, running: int, waiting: int, kv_usage: float, generated_tokens: int
@@ -106,8 +112,21 @@ class EngineStats:
         self.record_step(
             step.running_seqs, step.waiting_seqs, step.kv_cache_usage, step.generated_tokens
         )
+        refused = mac_rejections_by_request(step.persisted) if step.persisted else {}
+        if refused:
+            with self._lock:
+                for request_id, blocks in refused.items():
+                    self._mac_rejected[request_id] = self._mac_rejected.get(request_id, 0) + blocks
+                while len(self._mac_rejected) > MAC_REJECTED_REQUESTS_KEPT:
+                    self._mac_rejected.popitem(last=False)
         if self._observer is not None:
             self._observer.on_step(step)
+
+    def take_mac_rejected(self, request_id: str) -> int:
+        """The blocks ``request_id``'s resume refused by their MAC (reported with the step
+        that found them, which is at the latest the step of its first output); then 0."""
+        with self._lock:
+            return self._mac_rejected.pop(request_id, 0)
 
     def logger_factory(self) -> Callable[..., Any]:
         """A vLLM stat-logger factory whose loggers feed this object."""
@@ -154,6 +173,16 @@ class EngineStats:
                 pass
 
         return _Recorder
+
+
+def mac_rejections_by_request(data: dict[str, Any]) -> dict[str, int]:
+    """The per-request MAC refusals a connector report holds (request id → blocks)."""
+    prefix = MAC_REJECTED_REQUEST_PREFIX
+    return {
+        key[len(prefix) :]: int(value)
+        for key, value in data.items()
+        if key.startswith(prefix) and value
+    }
 
 
 def _batch_size(scheduler_stats: Any) -> int:

@@ -1,7 +1,7 @@
 """The connector's write-behind: KV block copies go to Redis on a thread, never on the step.
 
 The engine step only copies a block out of the paged cache into the buffer it will be sent
-from (``kv_layout.copy_block``: room for the header, then the KV) and queues it; this thread
+from (``KVCopier.gather``: room for the header, then the KV) and queues it; this thread
 seals each buffer in place (header, CRC) and sends batches, one pipelined round trip each,
 so a block's bytes are copied once between the cache and the socket. Nothing here ever
 blocks the step: a full queue or an unreachable Redis drops the block (counted, logged once
@@ -61,7 +61,7 @@ _STOP = None
 @dataclass(frozen=True)
 class PendingBlock:
     """A block copied out of the cache, waiting to be written; ``num_tokens`` below the block
-    size makes it the request's partial tail. ``data`` is the ``kv_layout.copy_block`` buffer:
+    size makes it the request's partial tail. ``data`` is the ``KVCopier.gather`` buffer:
     the store's header bytes, still free, then the block's KV."""
 
     request_id: str

@@ -35,7 +35,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from common.requests import EventKind, FinishReason, TokenChunk
+from common.requests import EventKind, FinishReason, SlaClass, TokenChunk
 from worker.energy import EnergyMeter, meter_for
 from worker.engine_stats import StepRecord
 
@@ -158,6 +158,14 @@ class WorkerMetrics:
         self.requests = Counter(
             PREFIX + "requests", "requests that ended here", ["path", "finish_reason"], registry=r
         )
+        self.engine_queue = Histogram(
+            PREFIX + "engine_queue_seconds",
+            "from vLLM queueing a request to scheduling it first (vLLM's own request stats), "
+            "per SLA class: under priority scheduling INTERACTIVE never waits behind BATCH",
+            ["sla_class"],
+            buckets=TTFT_BUCKETS_SECONDS,
+            registry=r,
+        )
         self.preempt_notices = Counter(
             PREFIX + "preempt_notices",
             "termination notices (Preempt calls): every request paused and persisted",
@@ -181,6 +189,8 @@ class WorkerMetrics:
         self.loaded_tokens = Counter(
             PREFIX + "loaded_tokens", "context tokens a resume loaded from the store", registry=r
         )
+        for sla in SlaClass:
+            self.engine_queue.labels(sla.name)
         for path in ("generate", "resume"):
             self.ttft.labels(path)
             self.tpot.labels(path)
@@ -247,8 +257,14 @@ class RequestTimer:
         self._last_token = 0.0
         self._tokens = 0
         self._finish = FinishReason.NONE
+        self.sla_class = SlaClass.INTERACTIVE
+        """The request's class, once the edge has read it (labels the engine queue time)."""
 
     def see(self, chunk: TokenChunk) -> None:
+        if chunk.engine_timing is not None:
+            self._metrics.engine_queue.labels(self.sla_class.name).observe(
+                chunk.engine_timing.queue_seconds
+            )
         if chunk.token_ids:
             now = self._clock()
             if self._first_token is None:

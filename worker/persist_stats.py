@@ -15,6 +15,8 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from worker.constants import MAC_REJECTED_REQUEST_PREFIX
+
 WRITTEN_BLOCKS = "written_blocks"
 WRITTEN_BYTES = "written_bytes"
 DROPPED_BLOCKS = "dropped_blocks"
@@ -25,6 +27,9 @@ LOADED_STORE_BLOCKS = "loaded_store_blocks"
 CACHED_BLOCKS = "cached_blocks"
 # Stored blocks a resume refused because their MAC failed (recomputed instead).
 MAC_REJECTED_BLOCKS = "mac_rejected_blocks"
+# The same per request ("<MAC_REJECTED_REQUEST_PREFIX><request id>" → blocks), from the
+# scheduler role, which finds them before the request's first step, so the resume's event can
+# say it (worker/engine_stats.py).
 KEYS = (
     WRITTEN_BLOCKS,
     WRITTEN_BYTES,
@@ -46,13 +51,16 @@ class PersistStats(KVConnectorStats):
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for key in KEYS:
             self.data[key] = int(self.data.get(key, 0)) + int(other.data.get(key, 0))
+        for key, value in other.data.items():
+            if key.startswith(MAC_REJECTED_REQUEST_PREFIX):
+                self.data[key] = int(self.data.get(key, 0)) + int(value)
         return self
 
     def reduce(self) -> dict[str, int | float]:
         return {key: int(self.data.get(key, 0)) for key in KEYS}
 
     def is_empty(self) -> bool:
-        return not any(self.data.get(key, 0) for key in KEYS)
+        return not any(self.data.values())
 
 
 class PersistReporter:

@@ -1,6 +1,7 @@
-"""The engine's ends of service: a drain (stop admitting, let requests finish, abort the rest)
-and a termination notice (stop admitting, pause every request at an iteration boundary, and
-report each one once its state is complete in the store)::
+"""The engine's ends of service: a drain (stop admitting, let requests finish, abort the rest),
+a termination notice (stop admitting, pause every request at an iteration boundary, and
+report each one once its state is complete in the store), and a stop (SIGTERM: with a store,
+the requests move as on a notice; see `Preemption.stop`)::
 
     preempt(deadline) ─▶ draining ─▶ abort all (paused) ─▶ streams end with a NOTICE event
                                           │                 committer: tokens, then PAUSED
@@ -23,6 +24,7 @@ from worker.boundary_abort import abort_at_step_boundary
 from worker.constants import (
     DEFAULT_PREEMPT_GRACE_SECONDS,
     FLUSH_POLL_SECONDS,
+    STOP_HANDOFF_SHARE,
     STREAM_END_WAIT_SECONDS,
 )
 from worker.engine_context import EngineContext
@@ -38,6 +40,39 @@ class Preemption:
     def __init__(self, context: EngineContext, streams: RequestStreams) -> None:
         self._ctx = context
         self._streams = streams
+        self.stopping_deadline_unix = 0.0  # > 0 once stopping: Stats says so
+        self._preempting = 0  # preempt calls under way
+
+    async def stop(self, grace_seconds: float) -> tuple[int, int]:
+        """The worker is being stopped (SIGTERM: a scale-in, a MIG delete, a shutdown, an
+        operator). With a store, its requests move as on a termination notice: it stops
+        admitting and reports ``stopping_deadline_unix`` in Stats, so its coordinator stages
+        them on their targets and has the daemon call Preempt; if no Preempt has begun within
+        `STOP_HANDOFF_SHARE` of the grace (no coordinator watches, or none moves requests),
+        it pauses and persists them itself and the coordinator resumes them from the store.
+        Without a store nothing can move: it drains (see `drain`). Returns (moved, cut)."""
+        if self._ctx.store is None:
+            return 0, await self.drain(grace_seconds)
+        self._streams.stop_admitting()
+        deadline = time.time() + grace_seconds
+        self.stopping_deadline_unix = deadline
+        moving = len(self._streams.running)
+        handoff_end = time.time() + STOP_HANDOFF_SHARE * grace_seconds
+        while self._streams.running and not self._preempting and time.time() < handoff_end:
+            await asyncio.sleep(FLUSH_POLL_SECONDS)
+        if self._streams.running and not self._preempting:
+            log.warning(
+                "stopping: no coordinator moved %d request(s); pausing them here",
+                len(self._streams.running),
+            )
+            async for _ in self.preempt(deadline):
+                pass
+        while self._preempting and time.time() < deadline:  # the coordinator's flush
+            await asyncio.sleep(FLUSH_POLL_SECONDS)
+        left = list(self._streams.running)  # admitted after all? (a resume racing the stop)
+        for request_id in left:
+            await self._ctx.llm.abort(request_id)
+        return moving, len(left)
 
     async def drain(self, grace_seconds: float) -> int:
         """Stops admitting; waits up to `grace_seconds` for in-flight requests, then aborts
@@ -61,6 +96,14 @@ class Preemption:
         is complete in the store, or, for those still incomplete at ``deadline_unix`` (0: the
         default grace from now), at the deadline with ``complete`` False. An idle worker
         yields nothing."""
+        self._preempting += 1
+        try:
+            async for state in self._preempt(deadline_unix):
+                yield state
+        finally:
+            self._preempting -= 1
+
+    async def _preempt(self, deadline_unix: float) -> AsyncIterator[FlushState]:
         self._streams.stop_admitting()
         if not deadline_unix:
             deadline_unix = time.time() + DEFAULT_PREEMPT_GRACE_SECONDS
@@ -114,7 +157,7 @@ class Preemption:
                 self._ctx.store,
                 {request_id: running.streamed_tokens for request_id, running in pending.items()},
                 self._ctx.fingerprint,
-                self._ctx.require_shape().kv_block_tokens,
+                self._ctx.require_shape().kv_chunk_tokens,
                 with_kv=self._ctx.config.kv_persist_policy != "off",
             )
         except StoreUnavailable:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from common.channels import async_channel
+from common.channels import PLAINTEXT, TransportConfig, async_channel
 from common.messages import Registration
 from protos.convert import registration_to_proto
 from protos.spotinfer.v1 import control_pb2, control_pb2_grpc
@@ -37,7 +37,8 @@ class RegistrationRefused(RuntimeError):
 
 class Registrar:
     """Registers ``registration()`` (called afresh each round: capacity changes) with every
-    coordinator in ``coordinators`` every ``interval_seconds``.
+    coordinator in ``coordinators`` every ``interval_seconds``, over ``transport`` (with TLS:
+    the worker's node certificate, to the coordinators' mutual-TLS internal port).
 
     `run` returns only when a coordinator refused the worker (`refusal` says why); cancel it
     to stop renewing. `deregister` tells every coordinator the worker leaves."""
@@ -48,8 +49,12 @@ class Registrar:
         registration: Callable[[], Registration],
         interval_seconds: float,
         timeout_seconds: float = REGISTER_TIMEOUT_SECONDS,
+        transport: TransportConfig = PLAINTEXT,
     ) -> None:
+        """``transport``: the worker's own (mutual TLS with its worker certificate: the
+        coordinator takes RegisterWorker from node certificates only)."""
         self._coordinators = tuple(coordinators)
+        self._transport = transport
         self._registration = registration
         self._interval_seconds = interval_seconds
         self._timeout_seconds = timeout_seconds
@@ -109,7 +114,7 @@ class Registrar:
         self._failing.discard(address)
 
     def _connect(self, address: str) -> None:
-        self._channels[address] = async_channel(address)
+        self._channels[address] = async_channel(address, transport=self._transport)
         self._stubs[address] = control_pb2_grpc.ControlStub(self._channels[address])
 
     async def deregister(self, address: str) -> None:

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from common.requests import Sampling
 from store import RequestNotFound as StoreRequestNotFound
-from store import RequestRecord, RequestStore
+from store import RequestRecord, RequestStatus, RequestStore
 from store.request_record import sampling_from_record
 from worker.errors import CannotResume, RecordNotFound
 
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """A live request as the store holds it."""
+    """A request as the store holds it (live, or FINISHED with its whole output)."""
 
     record: RequestRecord
     committed_token_ids: tuple[int, ...]
@@ -53,10 +53,11 @@ class ResumePoint:
 
 
 def read_resume_point(store: RequestStore, request_id: str, model_fingerprint: str) -> ResumePoint:
-    """Read record and tokens (blocking: call on a thread). Raises RecordNotFound, CannotResume,
-    or the store's StoreUnavailable."""
+    """Read record and tokens (blocking: call on a thread): a live request, or one that
+    FINISHED (its whole output kept until its client got it). Raises RecordNotFound,
+    CannotResume (cancelled, failed, another model), or the store's StoreUnavailable."""
     point = read_stored_point(store, request_id, model_fingerprint)
-    if point.record.status.is_terminal:
+    if point.record.status.is_terminal and point.record.status is not RequestStatus.FINISHED:
         raise CannotResume(f"request {request_id!r} already ended ({point.record.status.value})")
     return point
 

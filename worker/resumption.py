@@ -30,6 +30,7 @@ from worker.constants import (
     KV_PARAM_REQUEST_ID,
     KV_PARAM_RESUME,
     KV_PARAM_WARM,
+    TAKE_OVER_WAIT_SECONDS,
     WARM_REQUEST_SUFFIX,
     WARM_TIMEOUT_SECONDS,
 )
@@ -37,7 +38,7 @@ from worker.engine_context import EngineContext
 from worker.errors import CannotResume, EngineNotReady, WorkerDraining
 from worker.prefetch import PrefetchOutcome, prefetch_stage
 from worker.resume_point import ResumePoint, read_resume_point
-from worker.streams import RequestStreams
+from worker.streams import RequestStreams, sla_class_named
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +55,33 @@ class Resumption:
         first the committed ones the client lacks (at once, from the store), then, once the
         engine has taken the request, a MIGRATED or RECOVERED event (how many prefill tokens
         were loaded and how many recomputed) and the new tokens, indices continuing. Raises
-        RecordNotFound or CannotResume."""
+        RecordNotFound or CannotResume. A run of the request still going on here (its old
+        caller gone unseen) is paused first (`RequestStreams.take_over`)."""
+        await self._streams.take_over(request_id, TAKE_OVER_WAIT_SECONDS)
         self._streams.check_admission(request_id)
         if self._ctx.store is None or self._ctx.committer is None:
             raise CannotResume("this worker runs without a store (--redis-url); it cannot resume")
         point = await asyncio.to_thread(
             read_resume_point, self._ctx.store, request_id, self._ctx.fingerprint
         )
+        if point.record.status is RequestStatus.FINISHED:
+            # It ended before its caller got the end (that caller died, or its stream broke
+            # after the last step): what the client lacks, from the store, and the end.
+            yield self._finished_chunk(point, from_index)
+            return
         sampling = dataclasses.replace(point.sampling, max_tokens=point.remaining_tokens)
         request = GenerationRequest(
-            request_id, point.engine_prompt, sampling, tenant=point.record.tenant
+            request_id,
+            point.engine_prompt,
+            sampling,
+            sla_class=sla_class_named(point.record.sla_class),
+            tenant=point.record.tenant,
+            priority=point.record.priority,
         )
         if point.remaining_tokens == 0:
             # The old worker produced every token but died before it could say so.
             self._ctx.committer.admit(point.record, point.committed_token_ids)
-            self._ctx.committer.finish(request_id, RequestStatus.FINISHED)
+            self._ctx.committer.finish(request_id, RequestStatus.FINISHED, FinishReason.LENGTH.name)
             yield self._recovered_chunk(point, from_index, len(point.engine_prompt), 0)
             yield TokenChunk(
                 request_id,
@@ -115,6 +128,20 @@ class Resumption:
                 if trimmed is not None:
                     yield trimmed
 
+    def _finished_chunk(self, point: ResumePoint, from_index: int) -> TokenChunk:
+        name = point.record.finish_reason
+        if name in (FinishReason.STOP.name, FinishReason.LENGTH.name):
+            reason = FinishReason[name]
+        else:  # written before finishes said how
+            reason = FinishReason.LENGTH if not point.remaining_tokens else FinishReason.STOP
+        return TokenChunk(
+            point.record.request_id,
+            min(from_index, point.next_index),
+            token_ids=point.committed_token_ids[from_index:],
+            finish_reason=reason,
+            worker_id=self._ctx.config.worker_id,
+        )
+
     def _recovered_chunk(
         self,
         point: ResumePoint,
@@ -142,6 +169,16 @@ class Resumption:
         )
         if staged_blocks:
             detail += f"; {staged_blocks} blocks prefetched before the pause"
+        stats = self._ctx.stats
+        refused = stats.take_mac_rejected(point.record.request_id) if stats is not None else 0
+        if refused:
+            blocks, their = ("block", "its") if refused == 1 else ("blocks", "their")
+            detail += f"; {refused} stored {blocks} refused by {their} MAC (recomputed)"
+        if self._ctx.config.tensor_parallel_size > 1:
+            detail += (
+                f"; stored KV not loaded: tensor parallel size "
+                f"{self._ctx.config.tensor_parallel_size} (loaded by unsharded workers only)"
+            )
 
         log.info("request %s %s", point.record.request_id, detail)
         return TokenChunk(
@@ -176,7 +213,7 @@ class Resumption:
             self._ctx.staging,
             request_id,
             self._ctx.fingerprint,
-            self._ctx.require_shape().kv_block_tokens,
+            self._ctx.require_shape().kv_chunk_tokens,
         )
         if outcome.new_blocks:
             await self._warm(request_id, outcome.staged_prefix, outcome.tenant)

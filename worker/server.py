@@ -17,7 +17,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 
 from common.advertise import AdvertiseError, resolve_advertise_address
-from common.authz import COORDINATOR, DAEMON, OPERATOR, AuthorizationInterceptor, roles
+from common.authz import (
+    COORDINATOR,
+    DAEMON,
+    OPERATOR,
+    OWN_DAEMON,
+    AuthorizationInterceptor,
+    roles,
+)
 from common.channels import async_server, listen
 from common.messages import Registration, WorkerCapacity
 from common.requests import GenerationRequest
@@ -27,6 +34,7 @@ from protos.convert import (
     chunk_to_proto,
     flush_report_to_proto,
     prefetch_result_to_proto,
+    priority_from_proto,
     sampling_from_proto,
     sla_from_proto,
     worker_stats_to_proto,
@@ -44,7 +52,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 # Who may call what (common.authz): the coordinator routes, an operator inspects and drains;
-# pausing, resuming and prefetching KV only the coordinator or the machine's daemon.
+# pausing, resuming and prefetching KV only the coordinator or the daemon of this worker's own
+# node (its certificate names the worker id, or it calls over the unix socket / loopback).
 AUTHORIZATION = {
     SERVICE_NAME: {
         "Generate": roles(COORDINATOR, OPERATOR),
@@ -52,9 +61,9 @@ AUTHORIZATION = {
         "Drain": roles(COORDINATOR, OPERATOR),
         "Stats": roles(COORDINATOR, DAEMON, OPERATOR),
         "DropPrefetch": roles(COORDINATOR),
-        "Preempt": roles(COORDINATOR, DAEMON),
-        "Resume": roles(COORDINATOR, DAEMON),
-        "Prefetch": roles(COORDINATOR, DAEMON),
+        "Preempt": roles(COORDINATOR, OWN_DAEMON),
+        "Resume": roles(COORDINATOR, OWN_DAEMON),
+        "Prefetch": roles(COORDINATOR, OWN_DAEMON),
     }
 }
 
@@ -84,6 +93,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             sampling=sampling_from_proto(msg.sampling),
             sla_class=sla_from_proto(msg.sla_class),
             tenant=msg.tenant,
+            priority=priority_from_proto(msg),
         )
 
     @maps_errors
@@ -93,6 +103,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         timer = self._metrics.request_timer("generate")
         try:
             generation = self._to_request(request)
+            timer.sla_class = generation.sla_class
             async with contextlib.aclosing(self._engine.generate(generation)) as chunks:
                 async for chunk in chunks:
                     timer.see(chunk)
@@ -189,6 +200,7 @@ def capacity(status: WorkerStatus, model: str) -> WorkerCapacity:
         tokens_per_second=status.engine.tokens_per_second,
         generated_tokens_total=status.engine.generated_tokens_total,
         requests_total=status.requests_total,
+        stopping_deadline_unix=status.stopping_deadline_unix,
     )
 
 
@@ -204,7 +216,8 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
     server = async_server(
-        config.max_message_bytes, interceptors=[AuthorizationInterceptor(AUTHORIZATION)]
+        config.max_message_bytes,
+        interceptors=[AuthorizationInterceptor(AUTHORIZATION, node=config.worker_id)],
     )
     health = add_health_and_reflection(server, [SERVICE_NAME])
 
@@ -249,9 +262,9 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
 
     await set_serving(health, [SERVICE_NAME], False)
     if start.done():
-        # Still renewing while it drains: the lease must outlast the requests running here.
-        aborted = await engine.drain(config.drain_grace_seconds)
-        log.info("drained; %d request(s) cut at the grace limit", aborted)
+        # Still renewing while its requests move: the lease must outlast them.
+        moved, cut = await engine.stop(config.drain_grace_seconds)
+        log.info("stopped: %d request(s) moved away, %d cut at the grace limit", moved, cut)
     if registrar is not None and renewing is not None:
         renewing.cancel()
         await asyncio.gather(renewing, return_exceptions=True)
@@ -301,7 +314,12 @@ def _registrar(config: WorkerConfig, engine: Engine, advertised: str) -> Registr
             model=config.model,
         )
 
-    return Registrar(config.coordinator_addresses, registration, config.lease_interval_seconds)
+    return Registrar(
+        config.coordinator_addresses,
+        registration,
+        config.lease_interval_seconds,
+        transport=config.transport,
+    )
 
 
 def live_numbers(engine: Engine) -> LiveNumbers:

@@ -65,12 +65,15 @@ from store import (
     StoreConfig,
 )
 from worker.constants import (
+    DEFAULT_KV_CHUNK_TOKENS,
     SPOT_CONNECTOR_CLASS,
     SPOT_CONNECTOR_MODULE,
 )
 from worker.kv_layout import (
-    geometry_for,
+    ParallelPlace,
+    copier_for,
     kv_format_for,
+    parallel_place,
 )
 from worker.persist_stats import (
     PersistStats,
@@ -79,6 +82,7 @@ from worker.persist_stats import (
 from worker.spot_connector_metadata import SpotConnectorMetadata
 from worker.spot_connector_scheduler import SpotConnectorScheduler
 from worker.spot_connector_worker import SpotConnectorWorker
+from worker.vllm_version import check_vllm_version
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -91,10 +95,17 @@ if TYPE_CHECKING:
 
 
 def connector_config(
-    store: StoreConfig, model_fingerprint: str, policy: str, staging_dir: str = ""
+    store: StoreConfig,
+    model_fingerprint: str,
+    policy: str,
+    staging_dir: str = "",
+    chunk_tokens: int = DEFAULT_KV_CHUNK_TOKENS,
+    allow_other_vllm: bool = False,
 ) -> dict[str, Any]:
     """The `kv_transfer_config` that makes vLLM load this connector. ``staging_dir``: where
-    this worker stages prefetched blocks as a migration target (see kv_staging.py)."""
+    this worker stages prefetched blocks as a migration target (see kv_staging.py);
+    ``chunk_tokens``: tokens of KV per stored value (a multiple of vLLM's block size);
+    ``allow_other_vllm``: load even on a vLLM outside SUPPORTED_VLLM_LINE."""
     return {
         "kv_connector": SPOT_CONNECTOR_CLASS,
         "kv_connector_module_path": SPOT_CONNECTOR_MODULE,
@@ -104,8 +115,21 @@ def connector_config(
             "model_fingerprint": model_fingerprint,
             "policy": policy,
             "staging_dir": staging_dir,
+            "chunk_tokens": chunk_tokens,
+            "allow_other_vllm": allow_other_vllm,
         },
     }
+
+
+def _loads_refused(place: ParallelPlace) -> str:
+    """Why this worker's resumes recompute rather than load: the scheduler role reads and
+    hands over one payload per block, which holds one rank's shard only."""
+    if not place.sharded:
+        return ""
+    return (
+        f"tensor parallel size {place.tp_size}, pipeline parallel size {place.pp_size}: "
+        "stored KV is loaded by unsharded workers only"
+    )
 
 
 class SpotKVConnector(KVConnectorBase_V1):
@@ -115,18 +139,24 @@ class SpotKVConnector(KVConnectorBase_V1):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
-        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        import vllm
         from vllm.platforms import current_platform
 
-        extra = self._kv_transfer_config
+        extra = vllm_config.kv_transfer_config
+        assert extra is not None, "vLLM builds a connector only from a kv_transfer_config"
+        check_vllm_version(
+            str(vllm.__version__), bool(extra.get_from_extra_config("allow_other_vllm", False))
+        )
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         policy = str(extra.get_from_extra_config("policy", "eager"))
         device_type = str(current_platform.device_type)
-        geometry = geometry_for(kv_cache_config, device_type)
+        place = parallel_place(vllm_config, with_ranks=role == KVConnectorRole.WORKER)
+        copier = copier_for(kv_cache_config, vllm_config, device_type, place)
         kv_format = kv_format_for(
             kv_cache_config,
             str(extra.get_from_extra_config("model_fingerprint", "")),
-            device_type,
-            geometry,
+            copier,
+            int(extra.get_from_extra_config("chunk_tokens", DEFAULT_KV_CHUNK_TOKENS)),
         )
         store = RedisStore.from_config(
             StoreConfig(**dict(extra.get_from_extra_config("store", {})))
@@ -141,9 +171,10 @@ class SpotKVConnector(KVConnectorBase_V1):
                 policy,
                 store,
                 Path(staging_dir) if staging_dir else None,
+                _loads_refused(place),
             )
         elif role == KVConnectorRole.WORKER:
-            self.connector_worker = SpotConnectorWorker(kv_cache_config, kv_format, geometry, store)
+            self.connector_worker = SpotConnectorWorker(kv_cache_config, kv_format, copier, store)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -219,9 +250,12 @@ class SpotKVConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self) -> PersistStats | None:
         """What the worker role's writer persisted since the last call (the worker's metrics
-        add it up); the scheduler role has nothing to report."""
+        add it up); the scheduler role's: the blocks each resumed request had refused by
+        their MAC (its MIGRATED / RECOVERED event says so)."""
         if self.connector_worker is None:
-            return None
+            if self.connector_scheduler is None:
+                return None
+            return self.connector_scheduler.mac_rejections_report()
         return self.connector_worker.get_kv_connector_stats()
 
     @classmethod

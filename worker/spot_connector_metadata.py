@@ -13,12 +13,13 @@ from store.block_codec import Buffer
 
 @dataclass(frozen=True)
 class BlockSave:
-    """Copy cache slot ``block_id`` and store it as block ``block_index`` of the request;
-    ``num_tokens`` > 0 makes it the partial tail. ``required``: part of a pause's flush."""
+    """Copy cache slots ``block_ids`` (the engine blocks of one chunk, in order) and store
+    them as chunk ``block_index`` of the request; ``num_tokens`` > 0 makes it the partial
+    tail chunk. ``required``: part of a pause's flush."""
 
     request_id: str
     block_index: int
-    block_id: int
+    block_ids: tuple[int, ...]
     prefix_hash: bytes
     num_tokens: int = 0
     required: bool = False
@@ -26,12 +27,14 @@ class BlockSave:
 
 @dataclass(frozen=True)
 class BlockLoad:
-    """Fill cache slot ``block_id`` with a verified stored payload."""
+    """Fill cache slots ``block_ids`` with engine blocks ``first_block``.. of a verified stored
+    chunk (the ones before it were found in vLLM's prefix cache)."""
 
-    block_id: int
+    block_ids: tuple[int, ...]
     payload: Buffer
     staged: bool = False  # from the staging memory of a migration, not from Redis
-    num_tokens: int = 0  # tokens the payload holds; below the block size: a partial tail
+    num_tokens: int = 0  # tokens the payload holds; below the chunk size: a partial tail
+    first_block: int = 0
 
 
 @dataclass

@@ -36,9 +36,11 @@ from worker.constants import (
     KV_PARAM_RESUME,
     KV_PARAM_TENANT,
     KV_PARAM_WARM,
+    MAC_REJECTED_REQUEST_PREFIX,
 )
 from worker.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
 from worker.kv_staging import read_staged
+from worker.persist_stats import PersistStats
 from worker.spot_connector_metadata import BlockLoad, BlockSave, SpotConnectorMetadata
 
 if TYPE_CHECKING:
@@ -92,12 +94,14 @@ class _LoadPlan:
     blocks: list[KVBlock]
     matched_tokens: int  # tokens beyond the local hit whose KV the blocks hold
     staged: int = 0  # how many of ``blocks`` (the leading ones) came from staging memory
+    skip_blocks: int = 0  # engine blocks of the first chunk that the local hit holds already
 
 
 class SpotConnectorScheduler:
     """The scheduler role's half of `SpotKVConnector` (vLLM calls it from the engine core's
     scheduler, one thread). ``policy``: ``eager``, ``lazy`` or ``off`` (see spot_connector.py);
-    ``staging_root``: where a migration staged blocks for this worker, if anywhere."""
+    ``staging_root``: where a migration staged blocks for this worker, if anywhere;
+    ``loads_refused``: why resumes must recompute instead of loading (empty: they load)."""
 
     def __init__(
         self,
@@ -106,8 +110,13 @@ class SpotConnectorScheduler:
         policy: str,
         store: RedisStore,
         staging_root: Path | None,
+        loads_refused: str = "",
     ) -> None:
         self._kv_cache_config = kv_cache_config
+        self._loads_refused = loads_refused
+        # A stored value is a chunk of kv_format.block_tokens tokens: this many engine blocks.
+        self._engine_block_tokens = int(kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size)
+        self._blocks_per_chunk = kv_format.block_tokens // self._engine_block_tokens
         self._kv_format = kv_format
         self._policy = policy
         self._store = store
@@ -118,6 +127,7 @@ class SpotConnectorScheduler:
         self._final_commits: list[TokenCommit] = []
         self._cached_blocks = 0
         self._mac_rejected_blocks = 0
+        self._mac_rejected_by_request: dict[str, int] = {}
 
     def on_new_request(self, request: Request) -> None:
         params = request.kv_transfer_params or {}
@@ -147,6 +157,9 @@ class SpotConnectorScheduler:
     def _plan_load(self, tracked: _Tracked, num_computed_tokens: int) -> _LoadPlan:
         """Read the request's full blocks and its partial tail (a pause stored one), keep the
         verified leading run, cap as vLLM requires."""
+        if self._loads_refused:
+            log.warning("resume of %s recomputes: %s", tracked.request_id, self._loads_refused)
+            return _LoadPlan(num_computed_tokens // self._kv_format.block_tokens, [], 0)
         block_tokens = self._kv_format.block_tokens
         first_block = num_computed_tokens // block_tokens
         token_ids = list(tracked.request.all_token_ids)
@@ -188,7 +201,8 @@ class SpotConnectorScheduler:
         matched = max(0, end - num_computed_tokens)
         if not matched:
             return _LoadPlan(first_block, [], 0)
-        return _LoadPlan(first_block, usable, matched, sum(staged[: len(usable)]))
+        skip = (num_computed_tokens - first_block * block_tokens) // self._engine_block_tokens
+        return _LoadPlan(first_block, usable, matched, sum(staged[: len(usable)]), skip)
 
     def _load(self, wanted: list[BlockRead]) -> tuple[list[KVBlock | BlockRejected], list[bool]]:
         """``wanted`` blocks, from the staging memory where a migration prefetched them
@@ -233,7 +247,21 @@ class SpotConnectorScheduler:
         if block.reason is RejectReason.MAC:
             tracked.mac_rejected_blocks += 1
             self._mac_rejected_blocks += 1
+            by_request = self._mac_rejected_by_request
+            by_request[tracked.request_id] = by_request.get(tracked.request_id, 0) + 1
         log.warning("resume of %s: %s; its tokens are recomputed", tracked.request_id, block)
+
+    def mac_rejections_report(self) -> PersistStats | None:
+        """The blocks refused by their MAC per request since the last call (vLLM sends the
+        scheduler role's stats with the outputs of the step they were found in)."""
+        if not self._mac_rejected_by_request:
+            return None
+        data = {
+            MAC_REJECTED_REQUEST_PREFIX + request_id: count
+            for request_id, count in self._mac_rejected_by_request.items()
+        }
+        self._mac_rejected_by_request = {}
+        return PersistStats(data=data)
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -246,12 +274,14 @@ class SpotConnectorScheduler:
             return
         block_ids = blocks.get_block_ids()[0]
         for offset, block in enumerate(plan.blocks):
+            slots = self._slots(block_ids, plan.first_block + offset, block.num_tokens)
+            # The local hit may end inside the first chunk: its leading blocks are cached.
+            first = plan.skip_blocks if offset == 0 else 0
+            if len(slots) <= first:
+                break
             self._loads.append(
                 BlockLoad(
-                    block_ids[plan.first_block + offset],
-                    block.payload,
-                    offset < plan.staged,
-                    block.num_tokens,
+                    slots[first:], block.payload, offset < plan.staged, block.num_tokens, first
                 )
             )
         # A loaded tail is not a saved block: once full it must be saved like any other.
@@ -298,12 +328,21 @@ class SpotConnectorScheduler:
             meta.saves.extend(self._name_new_blocks(tracked, full_blocks, ids[0]))
         return meta
 
+    def _slots(self, block_ids: list[int], chunk_index: int, num_tokens: int) -> tuple[int, ...]:
+        """The cache slots of chunk ``chunk_index`` that hold its ``num_tokens`` tokens (those
+        vLLM allocated: a chunk may run past the request's last allocated block)."""
+        start = chunk_index * self._blocks_per_chunk
+        count = -(-num_tokens // self._engine_block_tokens)
+        return tuple(block_ids[start : start + count])
+
     def _name_new_blocks(
         self, tracked: _Tracked, full_blocks: int, block_ids: list[int]
     ) -> list[BlockSave]:
         block_tokens = self._kv_format.block_tokens
         token_ids = tracked.request.all_token_ids
-        full_blocks = min(full_blocks, len(token_ids) // block_tokens, len(block_ids))
+        full_blocks = min(
+            full_blocks, len(token_ids) // block_tokens, len(block_ids) // self._blocks_per_chunk
+        )
         if len(tracked.chain) < full_blocks:
             tracked.chain = block_hashes(
                 self._kv_format.model_fingerprint,
@@ -312,7 +351,12 @@ class SpotConnectorScheduler:
                 tracked.tenant,
             )
         saves = [
-            BlockSave(tracked.request_id, index, block_ids[index], tracked.chain[index])
+            BlockSave(
+                tracked.request_id,
+                index,
+                self._slots(block_ids, index, block_tokens),
+                tracked.chain[index],
+            )
             for index in range(tracked.saved_blocks, full_blocks)
         ]
         tracked.saved_blocks = max(tracked.saved_blocks, full_blocks)
@@ -360,7 +404,9 @@ class SpotConnectorScheduler:
         # A step may be in flight at the abort (its token never reached the output); the KV
         # a standby needs is that of every token but the last, which it computes itself.
         computed = min(
-            request.num_computed_tokens, len(token_ids) - 1, len(block_ids) * block_tokens
+            request.num_computed_tokens,
+            len(token_ids) - 1,
+            len(block_ids) * self._engine_block_tokens,
         )
         full_blocks = computed // block_tokens
         if len(tracked.chain) < full_blocks:
@@ -372,7 +418,11 @@ class SpotConnectorScheduler:
             )
         saves = [
             BlockSave(
-                tracked.request_id, index, block_ids[index], tracked.chain[index], required=True
+                tracked.request_id,
+                index,
+                self._slots(block_ids, index, block_tokens),
+                tracked.chain[index],
+                required=True,
             )
             for index in range(tracked.saved_blocks, full_blocks)
         ]
@@ -389,7 +439,7 @@ class SpotConnectorScheduler:
                 BlockSave(
                     tracked.request_id,
                     full_blocks,
-                    block_ids[full_blocks],
+                    self._slots(block_ids, full_blocks, tail_tokens),
                     prefix,
                     num_tokens=tail_tokens,
                     required=True,
@@ -425,8 +475,9 @@ class SpotConnectorScheduler:
         meta.without_kv.extend(flush.without_kv for flush in flushes if flush.without_kv)
 
     def _block_bytes_per_layer(self) -> int:
+        """One chunk's bytes of one layer."""
         spec = self._kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        return int(getattr(spec, "page_size_bytes", 1))
+        return int(getattr(spec, "page_size_bytes", 1)) * self._blocks_per_chunk
 
     def shutdown(self) -> None:
         self._store.close()

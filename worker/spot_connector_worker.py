@@ -14,7 +14,8 @@ from store import KVFormat, RedisStore
 from store.block_codec import header_bytes
 from worker.constants import KV_WRITE_QUEUE_BLOCKS
 from worker.kv_block_writer import KVBlockWriter, PendingBlock
-from worker.kv_layout import BlockGeometry, check_tensors, copy_block, layer_names, load_block
+from worker.kv_copy import KVCopier, as_bytes
+from worker.kv_layout import check_tensors, host_tensor, layer_names
 from worker.persist_stats import (
     CACHED_BLOCKS,
     DROPPED_BLOCKS,
@@ -41,11 +42,11 @@ class SpotConnectorWorker:
         self,
         kv_cache_config: KVCacheConfig,
         kv_format: KVFormat,
-        geometry: BlockGeometry,
+        copier: KVCopier,
         store: RedisStore,
     ) -> None:
         self._kv_format = kv_format
-        self._geometry = geometry
+        self._copier = copier
         self._header_bytes = header_bytes(kv_format)
         self._num_blocks = int(kv_cache_config.num_blocks)
         self._layer_names = layer_names(kv_cache_config)
@@ -61,15 +62,19 @@ class SpotConnectorWorker:
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         tensors = [kv_caches[name] for name in self._layer_names]
-        check_tensors(tensors, self._num_blocks, self._kv_format)
-        self._tensors = tensors
+        check_tensors(tensors, self._num_blocks, self._copier)
+        self._tensors = as_bytes(tensors)
 
     def start_load_kv(self, meta: SpotConnectorMetadata) -> None:
         """Fills every layer of the step's loads before the forward pass."""
         self._found_cached += meta.cached_blocks
         self._mac_rejected += meta.mac_rejected_blocks
         for load in meta.loads:
-            load_block(self._tensors, load.block_id, load.payload, self._geometry, load.num_tokens)
+            blocks, last = self._copier.last_block_tokens(load.num_tokens)
+            value, last = self._copier.part(
+                host_tensor(load.payload), blocks, last, load.first_block, len(load.block_ids)
+            )
+            self._copier.scatter(self._tensors, load.block_ids, value, last)
             if load.staged:
                 self._loaded_staged += 1
             else:
@@ -86,12 +91,11 @@ class SpotConnectorWorker:
                     request_id=save.request_id,
                     block_index=save.block_index,
                     prefix_hash=save.prefix_hash,
-                    data=copy_block(
+                    data=self._copier.gather(
                         self._tensors,
-                        save.block_id,
+                        save.block_ids,
+                        self._copier.last_block_tokens(save.num_tokens)[1],
                         self._header_bytes,
-                        self._geometry,
-                        save.num_tokens,
                     ),
                     num_tokens=save.num_tokens,
                 ),

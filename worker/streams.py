@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
-from common.validation import check_prompt_tokens, check_sampling
+from common.requests import (
+    EngineTiming,
+    Event,
+    EventKind,
+    FinishReason,
+    GenerationRequest,
+    SlaClass,
+    TokenChunk,
+    engine_priority,
+)
+from common.validation import check_priority, check_prompt_tokens, check_sampling
 from store import RequestRecord, RequestStatus
 from store.request_record import sampling_to_record
 from worker.constants import KV_PARAM_REQUEST_ID, KV_PARAM_TENANT, PAUSED_DETAIL
@@ -53,6 +63,7 @@ class RunningRequest:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     streamed_tokens: int = 0  # output tokens in the store's indexing (resumes start at n)
     paused: bool = False  # set by preempt: its abort is a pause, not a cancel
+    task: asyncio.Task[Any] | None = None  # the task that runs the stream (its RPC's)
 
 
 class RequestStreams:
@@ -84,6 +95,25 @@ class RequestStreams:
             raise InvalidRequest(
                 f"top_k {request.sampling.top_k} is over the vocabulary size {limits.vocab_size}"
             )
+        if request.priority is not None:
+            check_priority(request.priority)
+            if not self.prioritized:
+                raise InvalidRequest(
+                    f"priority {request.priority}: this worker schedules first come first "
+                    "served (--scheduling-policy fcfs) and cannot honour a priority"
+                )
+
+    @property
+    def prioritized(self) -> bool:
+        """The engine orders waiting requests by class and priority (vLLM's priority policy)."""
+        return self._ctx.config.scheduling_policy == "priority"
+
+    def engine_priority(self, request: GenerationRequest) -> int:
+        """vLLM's priority for ``request``: its class, then its own priority; 0 under fcfs
+        (vLLM's default, which that policy never reads)."""
+        if not self.prioritized:
+            return 0
+        return engine_priority(request.sla_class, request.priority)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
         """Streams the output. The caller going away stops the request in vLLM; with a store
@@ -100,10 +130,12 @@ class RequestStreams:
                     model_fingerprint=self._ctx.fingerprint,
                     prompt_token_ids=request.prompt_token_ids,
                     sampling_params=sampling_to_record(request.sampling),
-                    kv_block_tokens=self._ctx.require_shape().kv_block_tokens,
+                    kv_block_tokens=self._ctx.require_shape().kv_chunk_tokens,
                     status=RequestStatus.RUNNING,
                     owner_worker_id=self._ctx.config.worker_id,
                     tenant=request.tenant,
+                    sla_class=request.sla_class.name,
+                    priority=request.priority,
                 )
             )
         async with contextlib.aclosing(self.stream(request, 0, kv_params)) as steps:
@@ -118,7 +150,7 @@ class RequestStreams:
         request_id = request.request_id
         if request_id in self.running:
             raise DuplicateRequest(f"request {request_id!r} is already running on this worker")
-        running = RunningRequest(streamed_tokens=start_index)
+        running = RunningRequest(streamed_tokens=start_index, task=asyncio.current_task())
         self.running[request_id] = running
         self.requests_total += 1
         committer = self._ctx.committer
@@ -129,9 +161,14 @@ class RequestStreams:
                 self.prompt(request_id, request.prompt_token_ids, request.tenant),
                 self.sampling_params(request, kv_params),
                 request_id=request_id,
+                priority=self.engine_priority(request),
             )
+            timed = False
             async for output in outputs:
                 chunk, paused_here = self._step_chunk(request_id, output, index, running.paused)
+                if not timed and chunk.token_ids:
+                    timed = True
+                    chunk = _with_engine_timing(chunk, output)
                 if paused_here:
                     finish = FinishReason.CANCELLED
                 index += len(chunk.token_ids)
@@ -160,7 +197,7 @@ class RequestStreams:
                 if running.paused and finish == FinishReason.CANCELLED:
                     committer.pause(request_id)
                 else:
-                    committer.finish(request_id, _STORE_STATUS[finish])
+                    committer.finish(request_id, _STORE_STATUS[finish], finish.name)
             del self.running[request_id]
             running.done.set()
 
@@ -244,6 +281,34 @@ class RequestStreams:
             extra_args={"kv_transfer_params": kv_params} if kv_params else None,
         )
 
+    async def take_over(self, request_id: str, timeout_seconds: float) -> None:
+        """A coordinator resumes a request that still runs here: the caller of this run is
+        gone (a coordinator that died or restarted, whose connection this worker has not yet
+        seen drop), since a live caller never asks to resume it. The old run is paused as on
+        a notice (its tokens and tail persisted, its stream ended with a NOTICE) and, once
+        everything of it is in the store, the resume may start. Raises DuplicateRequest if
+        the old run does not end within ``timeout_seconds``."""
+        running = self.running.get(request_id)
+        if running is None:
+            return
+        log.warning("request %s is resumed while it runs here: pausing this run", request_id)
+        running.paused = True
+        if running.task is not None:
+            # What gRPC does once it sees the caller gone: the stream pauses, as below.
+            running.task.cancel()
+        else:
+            await self.abort_quietly(request_id)
+        try:
+            await asyncio.wait_for(running.done.wait(), timeout_seconds)
+        except TimeoutError:
+            raise DuplicateRequest(
+                f"request {request_id!r} still runs on this worker and did not pause in "
+                f"{timeout_seconds:g} s"
+            ) from None
+        committer = self._ctx.committer
+        if committer is not None:
+            await committer.settled(request_id, timeout_seconds)
+
     async def abort_quietly(self, request_id: str) -> None:
         """Stops a request whose caller vanished (vLLM may have stopped it already)."""
         try:
@@ -255,3 +320,19 @@ class RequestStreams:
         if request_id not in self.running:
             raise RequestNotFound(request_id)
         await self._ctx.llm.abort(request_id)
+
+
+def _with_engine_timing(chunk: TokenChunk, output: Any) -> TokenChunk:
+    """``chunk`` with vLLM's own queued / scheduled timestamps of the request (its
+    `RequestStateStats`, present while the engine logs stats), when it has them."""
+    stats = getattr(output, "metrics", None)
+    scheduled = float(getattr(stats, "scheduled_ts", 0.0) or 0.0)
+    if not scheduled:
+        return chunk
+    queued = float(getattr(stats, "queued_ts", 0.0) or 0.0) or scheduled
+    return dataclasses.replace(chunk, engine_timing=EngineTiming(queued, scheduled))
+
+
+def sla_class_named(name: str) -> SlaClass:
+    """A record's class name back to the class (an unknown name: INTERACTIVE)."""
+    return SlaClass.__members__.get(name, SlaClass.INTERACTIVE)

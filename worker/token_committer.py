@@ -10,7 +10,9 @@ flusher. The flusher lets the current event-loop turn finish first, so the chunk
 delivered for one engine step (one per request) go out in one `commit_step`. If Redis is
 unavailable the committer turns degraded, logs once, keeps every token in memory and tries
 again from the last index Redis confirmed; a Redis that came back empty (a restart) gets the
-record created again and the tokens from index 0.
+record created again and the tokens from index 0. With nothing to write it pings Redis every
+``retry_seconds``, so an idle worker that cannot reach its store says so (Stats ``degraded``:
+the coordinator then sends it no new request) before it is given one.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class _Pending:
     resumed: bool  # the record exists already (another worker created it)
     in_store: bool = False  # the record exists in Redis with this worker as its owner
     finish_status: RequestStatus | None = None
+    finish_reason: str = ""  # how it ended (a FinishReason name), kept with the record
     pause: bool = False  # paused for migration: mark it so once its tokens are in
 
 
@@ -56,13 +59,16 @@ class _Round:
 
     claims: list[tuple[RequestRecord, bool]] = field(default_factory=list)
     commits: list[TokenCommit] = field(default_factory=list)
-    finishes: list[tuple[str, RequestStatus]] = field(default_factory=list)
+    finishes: list[tuple[str, RequestStatus, str]] = field(default_factory=list)
     pauses: list[str] = field(default_factory=list)
     # what completed (a StoreUnavailable can stop the round midway)
     claimed: list[str] = field(default_factory=list)
     outcomes: dict[str, tuple[int, ConflictReason | None]] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)
     paused: list[str] = field(default_factory=list)
+    # which run of each request was planned: a resume on this worker may admit it afresh
+    # while the round runs, and what the round learnt belongs to the old run only
+    planned: dict[str, _Pending] = field(default_factory=dict)
 
 
 class TokenCommitter:
@@ -84,6 +90,7 @@ class TokenCommitter:
         self._worker_id = worker_id
         self._retry_seconds = retry_seconds
         self._pending: dict[str, _Pending] = {}
+        self._settled: dict[str, asyncio.Event] = {}  # set once a request leaves _pending
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._degraded = False
@@ -118,6 +125,9 @@ class TokenCommitter:
     def admit(self, record: RequestRecord, committed: Sequence[int] = ()) -> None:
         """Start persisting a request. With ``committed`` tokens it is a resumed one: Redis
         holds its record and those tokens already, and ownership moves to this worker."""
+        superseded = self._settled.pop(record.request_id, None)
+        if superseded is not None:  # an earlier run's writes no longer matter
+            superseded.set()
         self._pending[record.request_id] = _Pending(
             record=record,
             token_ids=list(committed),
@@ -132,10 +142,13 @@ class TokenCommitter:
             pending.token_ids.extend(token_ids)
             self._wake.set()
 
-    def finish(self, request_id: str, status: RequestStatus) -> None:
+    def finish(self, request_id: str, status: RequestStatus, finish_reason: str = "") -> None:
+        """The request ended (``finish_reason``: how, a FinishReason name): commit what is
+        pending, then end its record."""
         pending = self._pending.get(request_id)
         if pending is not None:
             pending.finish_status = status
+            pending.finish_reason = finish_reason
             self._wake.set()
 
     def pause(self, request_id: str) -> None:
@@ -152,7 +165,8 @@ class TokenCommitter:
         while True:
             if self._closing and not self._plan_needed():
                 return
-            await self._wake.wait()
+            if not await self._woken_or_probed():
+                continue
             self._wake.clear()
             # Let the rest of this loop turn run: the other streams' chunks of the same
             # engine step arrive in it and join this round trip.
@@ -180,6 +194,21 @@ class TokenCommitter:
             elif self._plan_needed():
                 self._wake.set()
 
+    async def _woken_or_probed(self) -> bool:
+        """Waits for work; after ``retry_seconds`` without any, pings the store instead and
+        returns False (its answer sets `degraded`)."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), self._retry_seconds)
+            return True
+        except TimeoutError:
+            pass
+        try:
+            await asyncio.to_thread(self._store.ping)
+            self._set_degraded(False, None)
+        except StoreUnavailable as exc:
+            self._set_degraded(True, exc)
+        return False
+
     def _set_degraded(self, degraded: bool, exc: Exception | None) -> None:
         if degraded and not self._degraded:
             log.warning("Redis unavailable, serving without persistence: %s", exc)
@@ -199,6 +228,7 @@ class TokenCommitter:
     def _plan(self) -> _Round | None:
         work = _Round()
         for request_id, pending in self._pending.items():
+            work.planned[request_id] = pending
             if not pending.in_store:
                 work.claims.append((pending.record, pending.resumed))
             if len(pending.token_ids) > pending.committed_length:
@@ -210,7 +240,7 @@ class TokenCommitter:
                     )
                 )
             elif pending.finish_status is not None and pending.in_store:
-                work.finishes.append((request_id, pending.finish_status))
+                work.finishes.append((request_id, pending.finish_status, pending.finish_reason))
             elif pending.pause and pending.in_store:
                 work.pauses.append(request_id)
         if not (work.claims or work.commits or work.finishes or work.pauses):
@@ -231,8 +261,8 @@ class TokenCommitter:
             for outcome in outcomes:
                 reason = outcome.conflict.reason if outcome.conflict is not None else None
                 work.outcomes[outcome.request_id] = (outcome.committed_length, reason)
-        for request_id, status in work.finishes:
-            self._store.finish_request(request_id, status)
+        for request_id, status, finish_reason in work.finishes:
+            self._store.finish_request(request_id, status, finish_reason)
             work.finished.append(request_id)
         for request_id in work.pauses:
             try:
@@ -258,12 +288,16 @@ class TokenCommitter:
                 log.warning("request %s already ended in the store", record.request_id)
 
     def _apply(self, work: _Round) -> None:
-        for request_id in work.claimed:
+        def planned(request_id: str) -> _Pending | None:
             pending = self._pending.get(request_id)
+            return pending if pending is work.planned.get(request_id) else None
+
+        for request_id in work.claimed:
+            pending = planned(request_id)
             if pending is not None:
                 pending.in_store = True
         for request_id, (length, reason) in work.outcomes.items():
-            pending = self._pending.get(request_id)
+            pending = planned(request_id)
             if pending is None:
                 continue
             if reason is None or reason is ConflictReason.GAP:
@@ -281,9 +315,28 @@ class TokenCommitter:
                     request_id,
                     reason.value,
                 )
-                del self._pending[request_id]
+                self._drop(request_id)
         for request_id in work.finished + work.paused:
-            self._pending.pop(request_id, None)
+            if planned(request_id) is not None:
+                self._drop(request_id)
+
+    def _drop(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+        waiters = self._settled.pop(request_id, None)
+        if waiters is not None:
+            waiters.set()
+
+    async def settled(self, request_id: str, timeout_seconds: float) -> bool:
+        """Waits until nothing of ``request_id`` is left to write (its tokens and its pause or
+        finish are in the store, or it was given up); False if that took too long."""
+        if request_id not in self._pending:
+            return True
+        done = self._settled.setdefault(request_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(done.wait(), timeout_seconds)
+        except TimeoutError:
+            return False
+        return True
 
 
 def _fresh(record: RequestRecord, worker_id: str) -> RequestRecord:

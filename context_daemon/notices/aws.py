@@ -9,6 +9,13 @@ The token is renewed shortly before its TTL runs out, and at once if IMDS answer
 then ``{"action": "terminate"|"stop"|"hibernate", "time": "2026-11-30T12:00:00Z"}`` (two
 minutes ahead). ``/latest/meta-data/events/recommendations/rebalance`` answers 404 or
 ``{"noticeTime": "…Z"}``: a hint without deadline.
+
+``/latest/meta-data/autoscaling/target-lifecycle-state`` (404 outside an auto scaling group)
+says ``InService`` until the group itself terminates the instance — a scale-in, an instance
+refresh, a capacity rebalance — and then ``Terminated``; no spot notice comes then. The
+group's lifecycle hook holds the instance in Terminating:Wait for its heartbeat timeout
+(``lifecycle_drain_seconds``), so that is the deadline, counted from when the state was
+first seen.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 from typing import Any
 
 from context_daemon.constants import (
+    AWS_LIFECYCLE_DRAIN_SECONDS,
     AWS_METADATA_BASE_URL,
     AWS_POLL_INTERVAL_SECONDS,
     AWS_TOKEN_REFRESH_MARGIN_SECONDS,
@@ -33,6 +41,9 @@ from context_daemon.notices.watcher import NoticeWatcher
 TOKEN_PATH = "/latest/api/token"
 INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+LIFECYCLE_STATE_PATH = "/latest/meta-data/autoscaling/target-lifecycle-state"
+TERMINATED_LIFECYCLE_STATE = "Terminated"
+LIFECYCLE_EVENT_ID = "autoscaling:target-lifecycle-state:Terminated"
 TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 MAX_TOKEN_TTL_SECONDS = 21600
@@ -53,8 +64,13 @@ class AwsNoticeWatcher(NoticeWatcher, name="aws"):
         token_ttl_seconds: int = AWS_TOKEN_TTL_SECONDS,
         http_timeout_seconds: float = HTTP_TIMEOUT_SECONDS,
         http: MetadataHttp | None = None,
+        lifecycle_drain_seconds: float = AWS_LIFECYCLE_DRAIN_SECONDS,
     ) -> None:
         super().__init__(clock, poll_interval_seconds)
+        if lifecycle_drain_seconds < 0:
+            raise ValueError("lifecycle_drain_seconds must not be negative")
+        self._lifecycle_drain_seconds = lifecycle_drain_seconds
+        self._terminating_since: float | None = None  # when Terminated was first seen
         if not 1 <= token_ttl_seconds <= MAX_TOKEN_TTL_SECONDS:
             raise ValueError(f"token_ttl_seconds must be in [1, {MAX_TOKEN_TTL_SECONDS}]")
         self._base_url = base_url.rstrip("/")
@@ -81,6 +97,9 @@ class AwsNoticeWatcher(NoticeWatcher, name="aws"):
                 received_unix=received,
                 raw=instance_action,
             )
+        terminating = self._lifecycle_termination(received)
+        if terminating is not None:
+            return terminating
         rebalance = self._get_json(REBALANCE_PATH)
         if rebalance is not None:
             return Notice(
@@ -92,12 +111,42 @@ class AwsNoticeWatcher(NoticeWatcher, name="aws"):
             )
         return None
 
-    def _get_json(self, path: str) -> dict[str, Any] | None:
-        """The parsed document at ``path``, or None on 404 (nothing pending)."""
+    def _lifecycle_termination(self, received: float) -> Notice | None:
+        """The group terminates this instance (``Terminated``): a notice whose deadline is
+        the lifecycle hook's wait from when it was first seen; None otherwise (0 drain
+        seconds: the state is not watched)."""
+        if not self._lifecycle_drain_seconds:
+            return None
+        response = self._get(LIFECYCLE_STATE_PATH)
+        if response.status == 404:  # not in an auto scaling group
+            return None
+        if response.status != 200:
+            raise NoticeSourceError(f"GET {LIFECYCLE_STATE_PATH}: HTTP {response.status}")
+        state = response.text.strip()
+        if state != TERMINATED_LIFECYCLE_STATE:
+            self._terminating_since = None
+            return None
+        if self._terminating_since is None:
+            self._terminating_since = received
+        return Notice(
+            source=self.name,
+            action=NoticeAction.TERMINATE,
+            deadline_unix=self._terminating_since + self._lifecycle_drain_seconds,
+            received_unix=received,
+            raw={"target-lifecycle-state": state},
+            event_id=LIFECYCLE_EVENT_ID,
+        )
+
+    def _get(self, path: str) -> MetadataResponse:
         response = self._authorized_get(path)
         if response.status == 401:  # token revoked or expired early: one fresh token, one retry
             self._token = None
             response = self._authorized_get(path)
+        return response
+
+    def _get_json(self, path: str) -> dict[str, Any] | None:
+        """The parsed document at ``path``, or None on 404 (nothing pending)."""
+        response = self._get(path)
         if response.status == 404:
             return None
         if response.status != 200:

@@ -48,6 +48,7 @@ class AzureNoticeWatcher(NoticeWatcher, name="azure"):
         self._url = f"{base_url.rstrip('/')}{EVENTS_PATH}?api-version={AZURE_API_VERSION}"
         self._http_timeout_seconds = http_timeout_seconds
         self._http = http or MetadataHttp()
+        self._deadlines: dict[str, float] = {}  # the first deadline seen, by event id
 
     def poll(self) -> Notice | None:
         received = self.clock.time()
@@ -65,14 +66,27 @@ class AzureNoticeWatcher(NoticeWatcher, name="azure"):
         if not ours:
             return None
         event = min(ours, key=lambda e: self._deadline(e, received))
+        event_id = str(event.get("EventId", "")) or None
+        deadline = self._deadline(event, received)
+        if event_id is not None:
+            # Once approved (or started) the event has no NotBefore: it is the same notice,
+            # with the deadline it had, not a new one at every poll.
+            known = self._deadlines.get(event_id)
+            deadline = min(deadline, known) if known is not None else deadline
+            self._deadlines[event_id] = deadline
         return Notice(
             source=self.name,
             action=NoticeAction.PREEMPT,
-            deadline_unix=self._deadline(event, received),
+            deadline_unix=deadline,
             received_unix=received,
             raw=event,
-            event_id=str(event.get("EventId", "")) or None,
+            event_id=event_id,
         )
+
+    def acknowledge(self, notice: Notice) -> None:
+        """Approves the notice's event (StartRequests): the eviction may go ahead now."""
+        if notice.event_id:
+            self.approve(notice.event_id)
 
     def approve(self, event_id: str) -> None:
         """Tell Azure it may evict now (the state is safe); raises NoticeSourceError on refusal."""

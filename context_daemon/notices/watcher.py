@@ -26,8 +26,8 @@ _REGISTRY: dict[str, type[NoticeWatcher]] = {}
 class NoticeWatcher(abc.ABC):
     """One source of termination notices.
 
-    Side effects: ``poll`` performs network or file reads only (Azure's ``approve`` is the one
-    call that changes anything outside). Invariant: ``poll`` never raises anything but
+    Side effects: ``poll`` performs network or file reads only; ``acknowledge`` is the one
+    call that changes anything outside (Azure approves its event). Invariant: ``poll`` never raises anything but
     NoticeSourceError, and returns None when nothing is pending.
     """
 
@@ -51,6 +51,11 @@ class NoticeWatcher(abc.ABC):
     @abc.abstractmethod
     def poll(self) -> Notice | None:
         """One check: the pending notice, or None when there is none."""
+
+    def acknowledge(self, notice: Notice) -> None:
+        """The state is safe: tell the cloud it may take the VM now, where it has a way to be
+        told (raises NoticeSourceError on refusal). Most clouds do not: a no-op."""
+        return None
 
     def check(self) -> tuple[Notice | None, bool]:
         """What the watch loop calls: (notice, whether to wait a poll interval before the next).

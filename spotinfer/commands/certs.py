@@ -2,7 +2,8 @@
 deployments (a larger one brings its own PKI; the processes only read PEM files).
 
     spotinfer certs ca   --dir tls/
-    spotinfer certs node --dir tls/ --name worker-a --role worker --role daemon --host 10.0.0.5
+    spotinfer certs node --dir tls/ --name worker-a --role worker --role daemon --host 10.0.0.5 \
+        --node worker-a
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ def register(subparsers: Any) -> None:
         default=[],
         help="a DNS name or IP the node is reached at; repeatable (localhost and 127.0.0.1 always)",
     )
+    node.add_argument(
+        "--node",
+        default="",
+        help="the node the certificate belongs to: its worker's id (--worker-id); a worker "
+        "takes Preempt, Resume and Prefetch from a daemon certificate naming its own id "
+        "(without one, only over the unix socket or loopback)",
+    )
     node.add_argument("--days", type=int, default=365)
     node.set_defaults(func=run_node)
 
@@ -65,14 +73,18 @@ def run_node(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from exc
     role, *extra = args.role
-    paths = make_node_cert(
-        ca,
-        args.out or args.dir,
-        args.name,
-        role,
-        tuple(args.host),
-        days=args.days,
-        extra_roles=tuple(extra),
-    )
+    try:
+        paths = make_node_cert(
+            ca,
+            args.out or args.dir,
+            args.name,
+            role,
+            tuple(args.host),
+            days=args.days,
+            extra_roles=tuple(extra),
+            node=args.node,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
     print(f"{'+'.join(args.role)} certificate {paths.cert}\nkey {paths.key}")
     return 0

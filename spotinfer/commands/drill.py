@@ -20,6 +20,13 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1, help="active workers")
     parser.add_argument("--standbys", type=int, default=1, help="warm standby workers")
     parser.add_argument("--cloud", choices=CLOUD_CHOICES, default="aws", help="notice format")
+    parser.add_argument(
+        "--notice-seconds",
+        type=float,
+        default=0.0,
+        help="gcp: the VMs' preemption notice length, told to their daemons (a GCP notice "
+        "carries no deadline); 0: 30 s",
+    )
     parser.add_argument("--redis-url", default="", help="use this Redis instead of our own")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-model-len", type=int, default=2048)
@@ -41,7 +48,8 @@ def register(subparsers: Any) -> None:
     )
     drill.add_argument(
         "scenario",
-        help="notice | abrupt | redis-restart | coordinator-restart | rolling | storm | trace",
+        help="notice | sigterm | drain | scale-in (aws) | abrupt | redis-restart | coordinator-restart "
+        "| rolling | storm | trace",
     )
     _cluster_arguments(drill)
     drill.add_argument("--policy", choices=("spotinfer", "reroute"), default="spotinfer")
@@ -98,6 +106,7 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
             workers=args.workers,
             standbys=args.standbys,
             cloud=args.cloud,
+            notice_seconds=args.notice_seconds,
             redis_url=args.redis_url,
             dtype=args.dtype,
             max_model_len=args.max_model_len,
@@ -204,6 +213,11 @@ def run_drill_command(args: argparse.Namespace) -> int:
         low, high = (int(v) for v in args.output_tokens.split(","))
     except ValueError as exc:
         raise UserError(f"--output-tokens must be low,high, got {args.output_tokens!r}") from exc
+    if args.grace_seconds is not None and args.cloud == "gcp":
+        raise UserError(
+            "a GCP notice carries no deadline, so --grace-seconds cannot be honoured: "
+            "give --notice-seconds (the VMs' notice length, told to their daemons)"
+        )
     scenario = Scenario.registry[args.scenario]
     standbys = max(args.standbys, scenario.needs_standbys)
     options = DrillOptions(

@@ -131,5 +131,40 @@ def run_status(args: argparse.Namespace) -> int:
         name = common_pb2.SlaClass.Name(q.sla_class).removeprefix("SLA_CLASS_").lower()
         queues.add_row(name, str(q.depth), str(q.capacity), str(q.running))
     console.print(queues)
+    if status.batch_jobs:
+        jobs = Table(title="batch jobs")
+        for column in ("batch", "tenant", "status", "done", "failed", "progress"):
+            jobs.add_column(column)
+        for job in status.batch_jobs:
+            done = job.completed + job.failed
+            share = f"{100 * done / job.total:.0f}%" if job.total else "-"
+            jobs.add_row(
+                job.batch_id, job.tenant, job.status, f"{done}/{job.total}", str(job.failed), share
+            )
+        console.print(jobs)
+    _print_caps(console, status)
     console.print(f"in flight: {status.in_flight}; standbys ready: {status.standbys_ready}")
     return 0
+
+
+def _print_caps(console: Any, status: Any) -> None:
+    """Each worker's admission cap per class and the batch controller's last decision."""
+    from rich.table import Table
+
+    from protos.spotinfer.v1 import common_pb2
+
+    caps = Table(title="admission caps (batch controller)")
+    for column in ("worker", "class", "cap", "decision", "TTFT p99", "TPOT", "why"):
+        caps.add_column(column)
+    for w in status.workers:
+        for c in w.admission_caps:
+            caps.add_row(
+                w.worker_id,
+                common_pb2.SlaClass.Name(c.sla_class).removeprefix("SLA_CLASS_").lower(),
+                str(c.cap) if c.cap else "none",
+                c.decision,
+                f"{c.ttft_p99_seconds * 1000:.0f} ms" if c.ttft_p99_seconds else "-",
+                f"{c.tpot_seconds * 1000:.1f} ms" if c.tpot_seconds else "-",
+                c.reason,
+            )
+    console.print(caps)

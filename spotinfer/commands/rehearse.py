@@ -60,7 +60,7 @@ def run_rehearse(args: argparse.Namespace) -> int:
 
     from spotinfer.rehearsal.fleet import SMALL_WORKER, Rehearsal, RehearsalConfig
     from spotinfer.rehearsal.netns import unavailable_reason
-    from spotinfer.rehearsal.streams import Streams, plan, verdict
+    from spotinfer.rehearsal.streams import plan, verdict
 
     reason = unavailable_reason()
     if reason:
@@ -93,9 +93,7 @@ def run_rehearse(args: argparse.Namespace) -> int:
         planned = plan(args.requests, f"rehearse-{int(time.time())}", vocab, (low, high))
         with Progress(console=console) as progress:
             task = progress.add_task("streams from the client VM", total=len(planned))
-            streams = Streams(
-                fleet.coordinator_target, planned, on_done=lambda _: progress.advance(task)
-            ).start()
+            streams = fleet.streams(planned, on_done=lambda _: progress.advance(task)).start()
             if args.notice:
                 _notice_mid_stream(fleet, streams, console)
             traces = streams.join()

@@ -30,6 +30,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     parser.add_argument("--watts-per-core", type=float, default=4.0, help="CPU energy estimate")
+    parser.add_argument(
+        "--energy-source",
+        choices=("auto", "nvml", "estimate"),
+        default="auto",
+        help="nvml: the GPU's energy counter (an error where NVML cannot measure); estimate: "
+        "CPU time x --watts-per-core; auto: nvml where it can measure, else the estimate",
+    )
     parser.add_argument("--json", type=Path, default=Path("tune.json"))
     parser.add_argument("--png", type=Path, default=Path("tune.png"))
     parser.add_argument("--apply", type=Path, default=None, help="write the tuning file here")
@@ -56,9 +63,10 @@ def _range(text: str, name: str) -> tuple[int, int]:
 class _Worker:
     """Adapts a worker process to what the tuner needs."""
 
-    def __init__(self, process: Any, watts_per_core: float) -> None:
+    def __init__(self, process: Any, watts_per_core: float, energy_source: str) -> None:
         self._process = process
         self._watts = watts_per_core
+        self._energy_source = energy_source
         self.address = process.address
 
     def stats(self) -> Any:
@@ -69,7 +77,18 @@ class _Worker:
     def energy_meter(self) -> Any:
         from worker.energy import meter_for
 
-        return meter_for(self._process.process.pid, self._watts)
+        return meter_for(self._process.process.pid, self._watts, self._energy_source)
+
+
+def _check_energy_source(source: str) -> None:
+    """``--energy-source nvml`` where NVML cannot measure stops before any worker starts."""
+    if source != "nvml":
+        return
+    from worker.energy import open_nvml
+
+    meter, reason = open_nvml()
+    if meter is None:
+        raise UserError(f"--energy-source nvml: {reason}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         SlaTargets,
         TuneConfig,
         Tuner,
+        energy_label,
         iter_rows,
         plot,
         recommend,
@@ -102,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UserError(str(exc)) from exc
+    _check_energy_source(args.energy_source)
     model = str(resolve_model(args.model))
     if not Path(model, "config.json").exists():
         raise UserError(f"{model} is not a model folder (no config.json)")
@@ -116,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             *("--max-num-seqs", str(batch_size)),
         )
         with WorkerProcess(model, *flags) as process:
-            yield _Worker(process, args.watts_per_core)
+            yield _Worker(process, args.watts_per_core, args.energy_source)
 
     console = Console()
     total = len(config.batch_sizes) * len(config.rates_per_second)
@@ -143,12 +164,14 @@ def run(args: argparse.Namespace) -> int:
         "TTFT p50/p99 ms",
         "TPOT p50/p99 ms",
         "KV free (min)",
-        "J/token",
+        f"J/token ({energy_label(points)})",
     ):
         table.add_column(column)
     for row in iter_rows(points):
         table.add_row(*row)
     console.print(table)
+    details = sorted({p.energy_detail for p in points if p.energy_detail})
+    console.print(f"energy per token: {energy_label(points)} — " + "; ".join(details))
     for choice in choices:
         if choice.point is None:
             console.print(f"[bold]{choice.sla_class}[/]: {choice.reason}")

@@ -20,10 +20,14 @@ from spotinfer.drills.report import DrillReport, build_report
 from spotinfer.drills.scenarios import DrillContext, scenario_named
 from spotinfer.drills.timeline import plot_timeline
 from spotinfer.loadgen import LoadSpec, PlannedRequest, RequestTrace, plan_requests, run_load
+from worker.constants import DEFAULT_KV_CHUNK_TOKENS
 
 LEAK_WAIT_SECONDS = 20.0
-KV_BLOCK_TOKENS_CPU = 128
-PREEMPTION_EVENTS = frozenset({"notice", "kill"})  # a node taken away, noticed or not
+# Workers persist KV in chunks of this many tokens (--kv-chunk-tokens): an unannounced loss
+# recomputes less than one chunk.
+KV_CHUNK_TOKENS = DEFAULT_KV_CHUNK_TOKENS
+# A node taken away: noticed, stopped (SIGTERM), drained, scaled in by its group, or killed.
+PREEMPTION_EVENTS = frozenset({"notice", "sigterm", "drain", "scale-in", "kill"})
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class DrillOptions:
     trace_file: Path | None = None
     first_disturbance_seconds: float | None = None  # rolling; None: once mid-stream
     seed: int = 0
-    block_tokens: int = KV_BLOCK_TOKENS_CPU
+    block_tokens: int = KV_CHUNK_TOKENS
     ignore_eos: bool = True  # fixed lengths for load; real answers stop at EOS
 
 
@@ -79,6 +83,11 @@ def run_drill(
 
     assert isinstance(cluster, LocalCluster)
     scenario = scenario_named(options.scenario)
+    if options.grace_seconds is not None and not cluster.config.notice_has_deadline:
+        raise ValueError(
+            f"a {cluster.config.cloud.upper()} notice carries no deadline, so a drill grace "
+            "cannot be honoured: start the cluster with --notice-seconds instead"
+        )
     ctx = DrillContext(
         cluster=cluster,
         time_scale=options.time_scale,
@@ -88,6 +97,9 @@ def run_drill(
         trace_file=options.trace_file,
         first_disturbance_seconds=options.first_disturbance_seconds,
         say=say,
+        prompt_tokens=options.prompt_tokens,
+        output_tokens=options.output_tokens,
+        chunk_tokens=options.block_tokens,
     )
     traces: list[RequestTrace] = []
     failure: list[BaseException] = []
@@ -129,6 +141,9 @@ def run_drill(
         raise failure[0]
     say(f"{len(traces)} request(s) done; computing reference outputs on an undisturbed worker")
     references = reference_outputs(cluster, planned, options.ignore_eos)
+    release_requests(
+        cluster.redis_url, [f"ref-{p.request_id}" for p in planned], **cluster.redis_admin_options
+    )
     leaked = leaked_keys(
         cluster.redis_url, [p.request_id for p in planned], **cluster.redis_admin_options
     )
@@ -145,8 +160,14 @@ def run_drill(
         preemptions=sum(1 for e in cluster.events if e.kind in PREEMPTION_EVENTS),
         mac_rejected_blocks=cluster.mac_rejected_blocks(),
     )
+    report.notes.extend(ctx.notes)
     if options.time_scale != 1.0:
         report.notes.append(f"time scaled ×{options.time_scale:g} (grace periods too)")
+        if not cluster.config.notice_has_deadline:
+            report.notes.append(
+                f"{cluster.config.cloud.upper()} notices carry no deadline: a noticed VM lived "
+                f"its daemon's {cluster.config.grace_seconds:g} s, not scaled"
+            )
     outcome = DrillOutcome(report=report, traces=traces, references=references)
     if png is not None:
         outcome.png = plot_timeline(
@@ -188,6 +209,24 @@ def reference_outputs(
         )
     )
     return {p.request_id: t.token_ids for p, t in zip(planned, traces, strict=True) if t.ok}
+
+
+def release_requests(redis_url: str, request_ids: Sequence[str], **options: str) -> None:
+    """What a coordinator does once its client got a request's end, for requests no
+    coordinator relayed (the references, straight from a worker): the store may let their
+    keys go (store.RedisStore.release_request), else it keeps them for the undelivered
+    retention."""
+    import redis
+
+    from store import keys
+    from store.lua_scripts import RELEASE_REQUEST
+
+    client = redis.Redis.from_url(redis_url, **options)
+    try:
+        for request_id in request_ids:
+            client.eval(RELEASE_REQUEST.source, 4, *keys.request_keys(request_id), 0)
+    finally:
+        client.close()
 
 
 def leaked_keys(redis_url: str, request_ids: Sequence[str], **options: str) -> int:

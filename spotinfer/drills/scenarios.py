@@ -25,6 +25,8 @@ from spotinfer.loadgen import RequestTrace
 
 MID_STREAM_TOKENS = 24  # a request "is mid-stream" once it has this many tokens
 WAIT_MID_STREAM_SECONDS = 300.0
+# abrupt: tokens kept between the kill and the first chunk boundary (short outputs)
+KILL_MARGIN_TOKENS = 32
 
 
 @dataclass
@@ -44,14 +46,21 @@ class DrillContext:
     # errors of background work (nodes joining); the runner raises the first after the load
     failures: list[BaseException] = field(default_factory=list)
     say: Any = print
+    # The planned load's prompt and output lengths (low, high) and the KV chunk size: where
+    # a scenario's disturbance lands relative to what is persisted.
+    prompt_tokens: tuple[int, int] = (32, 96)
+    output_tokens: tuple[int, int] = (200, 300)
+    chunk_tokens: int = 256
+    notes: list[str] = field(default_factory=list)  # for the report
 
     def wait_mid_stream(self, fraction: float = 0.5, tokens: int = MID_STREAM_TOKENS) -> None:
-        """Blocks until `fraction` of the started requests have `tokens` tokens (or load ends)."""
+        """Blocks until `fraction` of the started requests (and at least one) have `tokens`
+        tokens, or the load ends."""
         deadline = time.monotonic() + WAIT_MID_STREAM_SECONDS
         while not self.done.is_set() and time.monotonic() < deadline:
             started = list(self.live)
             moving = [t for t in started if len(t.token_ids) >= tokens]
-            if started and len(moving) >= fraction * len(started):
+            if started and len(moving) >= max(1.0, fraction * len(started)):
                 return
             time.sleep(0.05)
 
@@ -75,16 +84,22 @@ class DrillContext:
         ).start()
 
     def scaled_grace(self) -> float:
-        grace = (
-            self.grace_seconds
-            if self.grace_seconds is not None
-            else self.cluster.config.grace_seconds
-        )
-        return grace * self.time_scale
+        """The drill's grace (or the cloud's) times the time scale: a drain's deadline, and a
+        notice's where the notice carries it (see `notice_grace`)."""
+        config = self.cluster.config
+        grace = self.grace_seconds if self.grace_seconds is not None else config.grace_seconds
+        return float(grace) * self.time_scale
+
+    def notice_grace(self) -> float:
+        """How long a noticed VM lives: the scaled grace, but where a notice carries no
+        deadline (GCP) the notice length its daemon was configured with, which no drill
+        option can shorten (the runner refuses a drill grace there)."""
+        config = self.cluster.config
+        return self.scaled_grace() if config.notice_has_deadline else float(config.grace_seconds)
 
     def preempt_then_terminate(self, names: Sequence[str]) -> list[threading.Timer]:
-        """The notice now; the VM gone when the (scaled) grace period ends."""
-        grace = self.scaled_grace()
+        """The notice now; the VM gone when the notice's grace period ends."""
+        grace = self.notice_grace()
         timers = []
         for name in names:
             self.cluster.preempt(name, grace)
@@ -134,8 +149,70 @@ class Abrupt(Scenario, name="abrupt"):
     """SIGKILL of a serving worker, no notice."""
 
     def disturb(self, ctx: DrillContext) -> None:
-        ctx.wait_mid_stream(tokens=140)  # past one KV block, so something was persisted
+        ctx.wait_mid_stream(tokens=self.kill_tokens(ctx))
         ctx.cluster.kill(ctx.cluster.active_nodes()[0].name)
+
+    @staticmethod
+    def kill_tokens(ctx: DrillContext) -> int:
+        """Generated tokens at which the worker dies: half a chunk after the requests' first
+        KV chunk filled, so each recovery has a stored chunk to load, with a chunk's worth of
+        tokens left for the requests that run ahead. Outputs too short for that: before any
+        chunk fills, and the report says nothing was stored to load."""
+        chunk = ctx.chunk_tokens
+        (prompt_low, prompt_high), output_low = ctx.prompt_tokens, ctx.output_tokens[0]
+        kill = chunk - prompt_low + chunk // 2
+        if kill + chunk <= output_low:
+            return kill
+        ctx.notes.append(
+            f"outputs of {output_low}+ tokens end before a {chunk}-token KV chunk is safely "
+            "stored: the kill came before any chunk filled, so each recovery recomputed its "
+            "whole (shorter than a chunk) context"
+        )
+        return max(MID_STREAM_TOKENS, chunk - prompt_high - KILL_MARGIN_TOKENS)
+
+
+class Sigterm(Scenario, name="sigterm"):
+    """The service manager stops a serving worker (SIGTERM: a GCP managed group's delete, a
+    shutdown, an operator's `systemctl stop`): its requests move as on a notice."""
+
+    expect_zero_recompute = True
+
+    def disturb(self, ctx: DrillContext) -> None:
+        ctx.wait_mid_stream()
+        name = ctx.cluster.active_nodes()[0].name
+        ctx.cluster.stop_worker(name)
+        ctx.say(f"SIGTERM to {name}")
+
+
+class Drain(Scenario, name="drain"):
+    """An operator drains a serving worker (`Control.Drain`): its requests move as on a
+    notice, with the (scaled) grace as the deadline."""
+
+    expect_zero_recompute = True
+
+    def disturb(self, ctx: DrillContext) -> None:
+        ctx.wait_mid_stream()
+        name = ctx.cluster.active_nodes()[0].name
+        moving = ctx.cluster.drain(name, ctx.scaled_grace())
+        ctx.say(f"drain of {name}: {moving} request(s) in flight")
+
+
+class ScaleIn(Scenario, name="scale-in"):
+    """The auto scaling group terminates a serving node itself (scale-in, instance refresh):
+    no spot notice, only `autoscaling/target-lifecycle-state` = Terminated in its metadata
+    (AWS); the lifecycle hook holds it for the grace, then it is gone."""
+
+    expect_zero_recompute = True
+
+    def disturb(self, ctx: DrillContext) -> None:
+        ctx.wait_mid_stream()
+        name = ctx.cluster.active_nodes()[0].name
+        ctx.cluster.scale_in(name)
+        grace = ctx.cluster.config.scale_in_seconds
+        timer = threading.Timer(grace, ctx.cluster.terminate, args=(name,))
+        timer.daemon = True
+        timer.start()
+        ctx.say(f"scale-in of {name}; the hook holds it {grace:g} s")
 
 
 class RedisRestart(Scenario, name="redis-restart"):

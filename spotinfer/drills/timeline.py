@@ -12,6 +12,9 @@ from spotinfer.loadgen import RequestTrace
 
 EVENT_COLOURS = {
     "notice": "tab:red",
+    "sigterm": "tab:orange",
+    "scale-in": "tab:pink",
+    "drain": "tab:olive",
     "kill": "black",
     "redis-restart": "tab:purple",
     "coordinator-restart": "tab:brown",

@@ -7,7 +7,8 @@ and tests.
 
 A node certificate says what the node is in one URI SAN, ``spiffe://spotinfer/role/<role>``
 (coordinator, worker, daemon, operator), which the servers' authorization tables read
-(`common.authz`), and where it may be reached in DNS and IP SANs (always localhost and
+(`common.authz`), optionally which node it is, ``spiffe://spotinfer/node/<name>`` (a worker
+takes Preempt, Resume and Prefetch from a daemon certificate naming its worker id), and where it may be reached in DNS and IP SANs (always localhost and
 127.0.0.1). A server certificate (`make_server_cert`, for the local cluster's redis-server)
 holds the addresses only. Keys are EC P-256 and written 0600. The processes themselves only
 load files.
@@ -26,7 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.authz import NODE_ROLES, role_uri
+from common.authz import NODE_ROLES, node_uri, role_uri
 
 CA_NAME = "ca"
 DEFAULT_VALID_DAYS = 365
@@ -116,10 +117,14 @@ def make_node_cert(
     hosts: tuple[str, ...] = (),
     days: int = DEFAULT_VALID_DAYS,
     extra_roles: tuple[str, ...] = (),
+    node: str = "",
 ) -> CertPaths:
     """``<name>.pem`` / ``<name>.key`` in ``folder``, signed by ``ca``, for a node of ``role``
     reachable at ``hosts`` (names or IPs; localhost and 127.0.0.1 always). ``extra_roles``:
-    more roles for one certificate (a worker VM's worker and daemon share the files)."""
+    more roles for one certificate (a worker VM's worker and daemon share the files);
+    ``node``: the node it belongs to (its worker's id), "" for none."""
+    if node and ("/" in node or not node.isprintable() or node != node.strip()):
+        raise ValueError(f"a node name is one path segment without spaces, got {node!r}")
     for each in (role, *extra_roles):
         if each not in NODE_ROLES:
             raise ValueError(f"role must be one of {NODE_ROLES}, got {each!r}")
@@ -129,7 +134,7 @@ def make_node_cert(
             x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
         ]
     )
-    names = _subject_alternative_names((role, *extra_roles), hosts)
+    names = _subject_alternative_names((role, *extra_roles), hosts, node)
     return _sign(ca, folder, name, subject, names, days)
 
 
@@ -188,11 +193,13 @@ def _sign(
 
 
 def _subject_alternative_names(
-    node_roles: tuple[str, ...], hosts: tuple[str, ...]
+    node_roles: tuple[str, ...], hosts: tuple[str, ...], node: str = ""
 ) -> x509.SubjectAlternativeName:
     names: list[x509.GeneralName] = [
         x509.UniformResourceIdentifier(role_uri(role)) for role in dict.fromkeys(node_roles)
     ]
+    if node:
+        names.append(x509.UniformResourceIdentifier(node_uri(node)))
     seen: set[str] = set()
     for host in (*LOCAL_NAMES, *LOCAL_IPS, *hosts):
         if not host or host in seen:

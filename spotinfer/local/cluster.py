@@ -28,11 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from common.channels import TransportConfig
+from context_daemon.constants import GCP_MAX_NOTICE_SECONDS
 from spotinfer.drills.report import ClusterEvent
 from spotinfer.local.cluster_secrets import ClusterSecrets
 from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.daemon_process import DaemonProcess
-from spotinfer.local.metadata_servers import MetadataServer, metadata_server_for
+from spotinfer.local.metadata_servers import (
+    InstanceIdentity,
+    MetadataServer,
+    metadata_server_for,
+)
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.redis_security import ADMIN_USER
 from spotinfer.local.worker_process import WorkerProcess
@@ -45,6 +50,9 @@ CLOUDS = ("aws", "gcp", "azure")
 DEFAULT_GRACE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 FAILOVER_BY_POLICY = {"spotinfer": "resume", "reroute": "reroute"}
 MAC_REJECTED_SAMPLE = "spotinfer_worker_kv_mac_rejected_blocks_total"
+# A worker stopped by SIGTERM moves its requests within its drain grace (30 s by default),
+# then exits; past this it is killed.
+WORKER_STOP_WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,12 @@ class ClusterConfig:
     persist_policy: str = "eager"
     policy: str = "spotinfer"  # spotinfer | reroute (restart preempted requests from scratch)
     coordinator_flags: tuple[str, ...] = ()
+    worker_flags: tuple[str, ...] = ()  # added to every worker's command line
+    # AWS: how long a scale-in's lifecycle hook holds a node (0: the cloud's notice grace).
+    lifecycle_drain_seconds: float = 0.0
+    # GCP: the VMs' preemption notice length (scheduling.preemptionNoticeDuration), which the
+    # daemons are told because a GCP notice carries no deadline; 0: the cloud's 30 s.
+    notice_seconds: float = 0.0
     # TLS on the public fronts, mutual TLS between the processes, and API keys (made in
     # log_dir/tls when the cluster starts); False: plaintext and no keys, as in the tests.
     secure: bool = True
@@ -77,10 +91,30 @@ class ClusterConfig:
             raise ValueError(f"cloud must be one of {CLOUDS}, got {self.cloud!r}")
         if self.policy not in FAILOVER_BY_POLICY:
             raise ValueError(f"policy must be one of {sorted(FAILOVER_BY_POLICY)}")
+        if self.notice_seconds and self.cloud != "gcp":
+            raise ValueError(
+                "notice_seconds is a GCP VM's notice length; AWS and Azure notices carry "
+                "their own deadline (give the drill's grace instead)"
+            )
+        if not 0 <= self.notice_seconds <= GCP_MAX_NOTICE_SECONDS:
+            raise ValueError(
+                f"notice_seconds must be in (0, {GCP_MAX_NOTICE_SECONDS:g}] (0: the default), "
+                f"got {self.notice_seconds:g}"
+            )
 
     @property
     def grace_seconds(self) -> float:
-        return DEFAULT_GRACE_SECONDS[self.cloud]
+        return self.notice_seconds or DEFAULT_GRACE_SECONDS[self.cloud]
+
+    @property
+    def notice_has_deadline(self) -> bool:
+        """Whether a notice tells its deadline (AWS, Azure): a drill can then shorten the
+        grace; a GCP notice is only TRUE, and the VM lives the daemon's notice length."""
+        return self.cloud != "gcp"
+
+    @property
+    def scale_in_seconds(self) -> float:
+        return self.lifecycle_drain_seconds or self.grace_seconds
 
 
 @dataclass
@@ -253,7 +287,9 @@ class LocalCluster:
         return name
 
     def _new_node(self, name: str, role: str) -> Node:
-        metadata = metadata_server_for(self.config.cloud).__enter__()
+        # Azure names the VM an event is for (compute/name): the daemon's --azure-vm-name.
+        identity = InstanceIdentity(instance_id=name) if self.config.cloud == "azure" else None
+        metadata = metadata_server_for(self.config.cloud, identity).__enter__()
         worker = WorkerProcess(
             self.config.model,
             *("--worker-id", name),
@@ -262,7 +298,8 @@ class LocalCluster:
             *("--memory-gib", str(self.config.memory_gib)),
             *self._store_flags(Role.WORKER),
             *("--kv-persist-policy", self.config.persist_policy),
-            *self.secrets.flags("worker"),
+            *self.secrets.flags("worker", name),
+            *self.config.worker_flags,
             log_dir=self.config.log_dir,
             metrics=True,
             transport=self.secrets.operator_transport,
@@ -277,10 +314,18 @@ class LocalCluster:
             *self._store_flags(Role.DAEMON),
             *("--azure-vm-name", node.name),
             *("--poll-interval-seconds", "0.5"),
-            *self.secrets.flags("daemon"),
+            *self._notice_flags(),
+            # A scale-in's lifecycle hook holds the node as long as a notice's grace.
+            *("--lifecycle-drain-seconds", f"{self.config.scale_in_seconds:g}"),
+            *self.secrets.flags("daemon", node.name),
             log_dir=self.config.log_dir,
             transport=self.secrets.operator_transport,
         )
+
+    def _notice_flags(self) -> tuple[str, ...]:
+        if not self.config.notice_seconds:
+            return ()
+        return ("--grace-seconds", f"{self.config.notice_seconds:g}")
 
     def _register(self, node: Node) -> None:
         from protos.spotinfer.v1 import control_pb2
@@ -341,6 +386,18 @@ class LocalCluster:
     def _record(self, kind: str, target: str = "", detail: str = "") -> None:
         self.events.append(ClusterEvent(time.perf_counter(), kind, target, detail))
 
+    def logs_tail(self, chars: int = 3000) -> str:
+        """The end of every process's output (coordinator, each node's worker and daemon),
+        for a failure message."""
+        parts = []
+        if self.coordinator is not None:
+            parts.append(f"--- coordinator\n{self.coordinator.output[-chars:]}")
+        for node in list(self.nodes.values()):
+            parts.append(f"--- {node.name} worker ({node.role})\n{node.worker.output[-chars:]}")
+            if node.daemon is not None:
+                parts.append(f"--- {node.name} daemon\n{node.daemon.output[-chars:]}")
+        return "\n".join(parts)
+
     def mac_rejected_blocks(self) -> int:
         """Stored KV blocks the live workers refused by their MAC (each worker's
         spotinfer_worker_kv_mac_rejected_blocks_total, summed; a dead worker's are gone)."""
@@ -391,6 +448,46 @@ class LocalCluster:
         node.metadata.announce_termination(grace)  # type: ignore[attr-defined]
         node.role = "preempted"
         self._record("notice", name, f"{self.config.cloud}, {grace:g} s")
+
+    def stop_worker(self, name: str) -> None:
+        """SIGTERM to the node's worker, as systemd sends it on a scale-in, a GCP managed
+        group's delete or a shutdown; the node is gone once the worker has exited (its
+        requests moved first). Returns at once; the stop runs on a thread."""
+        node = self.nodes[name]
+        node.role = "preempted"
+        self._record("sigterm", name)
+        grace = WORKER_STOP_WAIT_SECONDS
+
+        def stop() -> None:
+            node.worker.terminate(grace)
+            if node.daemon is not None:
+                node.daemon.stop(timeout=1)
+            node.alive = False
+
+        threading.Thread(target=stop, name=f"sigterm-{name}", daemon=True).start()
+
+    def drain(self, name: str, grace_seconds: float) -> int:
+        """An operator's `Control.Drain` of the node: its requests move as on a notice.
+        Returns the in-flight count the coordinator reported."""
+        from protos.spotinfer.v1 import control_pb2
+
+        node = self.nodes[name]
+        node.role = "preempted"
+        self._record("drain", name, f"{grace_seconds:g} s")
+        request = control_pb2.DrainWorkerRequest(worker_id=name, grace_seconds=grace_seconds)
+        return int(self.coordinator.control.Drain(request, timeout=10).in_flight)
+
+    def scale_in(self, name: str) -> None:
+        """The auto scaling group terminates the node itself (scale-in, instance refresh): no
+        spot notice, only the target lifecycle state in the node's metadata (AWS only)."""
+        node = self.nodes[name]
+        if not hasattr(node.metadata, "announce_scale_in"):
+            raise ValueError(
+                f"a scale-in is an AWS lifecycle state; this cluster is {self.config.cloud}"
+            )
+        node.metadata.announce_scale_in()
+        node.role = "preempted"
+        self._record("scale-in", name, f"{self.config.scale_in_seconds:g} s hook wait")
 
     def terminate(self, name: str) -> None:
         """The end of a grace period (or an unannounced loss): the VM is gone. A no-op once

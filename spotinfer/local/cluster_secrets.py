@@ -2,6 +2,7 @@
 
     <log_dir>/tls/ca.pem, ca.key              the cluster CA
     <log_dir>/tls/<role>.pem, <role>.key      coordinator, worker, daemon, operator
+    <log_dir>/tls/<node>-<role>.pem, .key     a node's worker and daemon, naming the node
     <log_dir>/tls/keys.jsonl                  an admin key and a tenant key (hashes only)
 
 The cluster itself (registration, status, the reference run on a worker) holds the operator
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.api_keys import ADMIN_ROLE, TENANT_ROLE, append_key, new_key
-from common.authz import NODE_ROLES, OPERATOR
+from common.authz import DAEMON, NODE_ROLES, OPERATOR, WORKER
 from common.channels import PLAINTEXT, TransportConfig
 from spotinfer.local.certs import CertPaths, make_ca, make_node_cert
 
@@ -55,6 +56,19 @@ class ClusterSecrets:
         node = dict(self.nodes)[role]
         return TransportConfig(str(self.ca.cert), str(node.cert), str(node.key))
 
+    def node_transport(self, role: str, node: str) -> TransportConfig:
+        """The worker or daemon of ``node`` (its worker id): a certificate of its own that
+        names the node, made on first use, so a worker knows its own daemon from the others."""
+        if self.ca is None:
+            return PLAINTEXT
+        if role not in (WORKER, DAEMON):
+            raise ValueError(f"only workers and daemons belong to a node, not {role!r}")
+        folder = self.ca.cert.parent
+        paths = CertPaths(folder / f"{node}-{role}.pem", folder / f"{node}-{role}.key")
+        if not paths.cert.exists():
+            paths = make_node_cert(self.ca, folder, f"{node}-{role}", role, node=node)
+        return TransportConfig(str(self.ca.cert), str(paths.cert), str(paths.key))
+
     @property
     def operator_transport(self) -> TransportConfig:
         return self.transport(OPERATOR)
@@ -64,11 +78,12 @@ class ClusterSecrets:
         """What a user's client needs: the CA to verify the coordinator (no certificate)."""
         return TransportConfig(str(self.ca.cert)) if self.ca is not None else PLAINTEXT
 
-    def flags(self, role: str) -> tuple[str, ...]:
-        """The transport flags of a process of ``role`` (the coordinator's keys file too)."""
+    def flags(self, role: str, node: str = "") -> tuple[str, ...]:
+        """The transport flags of a process of ``role`` (the coordinator's keys file too);
+        a worker's or daemon's of ``node`` with the node's own certificate."""
         if self.ca is None:
             return ()
-        transport = self.transport(role)
+        transport = self.node_transport(role, node) if node else self.transport(role)
         flags = [
             *("--transport-ca-file", transport.ca_file),
             *("--transport-cert-file", transport.cert_file),

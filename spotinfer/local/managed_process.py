@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -53,11 +54,39 @@ _DEATH_WRAPPER = (
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="managed-process-spawner")
 
 
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PICKED_PORT = 10000
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the kernel's
+    ephemeral range: the kernel's own pick (port 0) comes from that range, where any
+    outgoing connection may take the port before the child binds it (a coordinator failed
+    to start on one in CI). Never the same port twice in one process."""
+    low = _ephemeral_low()
+    with _handed_out_lock:
+        for _ in range(200):
+            port = random.randrange(_LOWEST_PICKED_PORT, low) if low > _LOWEST_PICKED_PORT else 0
+            if port in _handed_out:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                port = int(sock.getsockname()[1])
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no free TCP port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # not Linux: the kernel's pick
 
 
 def process_environment() -> dict[str, str]:

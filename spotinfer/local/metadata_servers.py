@@ -9,7 +9,8 @@ who the VM is (`InstanceIdentity`) in its cloud's paths and formats, which the b
 and the advertised-address lookup (common/advertise.py) read:
 
     aws    /latest/meta-data/{local-ipv4, instance-id, instance-type,
-                              placement/availability-zone, instance-life-cycle}
+                              placement/availability-zone, instance-life-cycle,
+                              autoscaling/target-lifecycle-state}
     gcp    /computeMetadata/v1/instance/{network-interfaces/0/ip, name, zone, machine-type,
                                          scheduling/preemptible}
     azure  /metadata/instance/network/interface/0/ipv4/ipAddress/0/privateIpAddress
@@ -53,6 +54,7 @@ class SeenRequest:
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
+    at: float = 0.0  # time.perf_counter() when it arrived (the drills' clock)
 
 
 class MetadataServer:
@@ -76,6 +78,7 @@ class MetadataServer:
                     query=dict(urllib.parse.parse_qsl(parsed.query)),
                     headers={k.lower(): v for k, v in self.headers.items()},
                     body=self.rfile.read(length) if length else b"",
+                    at=time.perf_counter(),
                 )
                 with owner.lock:
                     owner.requests.append(seen)
@@ -152,6 +155,8 @@ class AwsImds(MetadataServer):
         super().__init__(identity, host, port)
         self.instance_action: dict[str, str] | None = None
         self.rebalance: dict[str, str] | None = None
+        # The auto scaling group's view of the instance; None: not in a group (404).
+        self.lifecycle_state: str | None = "InService"
         self._tokens: set[str] = set()
 
     def announce_termination(self, grace_seconds: float) -> None:
@@ -160,6 +165,11 @@ class AwsImds(MetadataServer):
             "action": "terminate",
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", when),
         }
+
+    def announce_scale_in(self) -> None:
+        """The group terminates the instance itself (scale-in, instance refresh): no spot
+        notice, only the target lifecycle state."""
+        self.lifecycle_state = "Terminated"
 
     def revoke_tokens(self) -> None:
         with self.lock:
@@ -187,6 +197,9 @@ class AwsImds(MetadataServer):
             document = self.instance_action
         elif request.path == "/latest/meta-data/events/recommendations/rebalance":
             document = self.rebalance
+        elif request.path == "/latest/meta-data/autoscaling/target-lifecycle-state":
+            state = self.lifecycle_state
+            return _text(200, state) if state is not None else _text(404, "Not Found")
         else:
             document = None
         return _json(200, document) if document is not None else _text(404, "Not Found")
@@ -268,10 +281,12 @@ class AzureScheduledEvents(MetadataServer):
     cloud = "azure"
 
     def announce_termination(self, grace_seconds: float, vm_name: str = "") -> None:
+        """A Preempt event for ``vm_name`` (default: this VM, its compute/name)."""
         not_before = time.strftime(
             "%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + grace_seconds)
         )
-        event = azure_preempt_event(f"preempt-{secrets.token_hex(4)}", [vm_name], not_before)
+        resources = [vm_name or self.identity.instance_id]
+        event = azure_preempt_event(f"preempt-{secrets.token_hex(4)}", resources, not_before)
         with self.lock:
             self.events.append(event)
             self.incarnation += 1
@@ -350,7 +365,7 @@ def azure_preempt_event(event_id: str, resources: list[str], not_before: str) ->
     }
 
 
-def metadata_server_for(cloud: str) -> MetadataServer:
+def metadata_server_for(cloud: str, identity: InstanceIdentity | None = None) -> MetadataServer:
     """A fresh (not yet started) server speaking `cloud`'s format: aws, gcp or azure."""
     servers: dict[str, type[MetadataServer]] = {
         "aws": AwsImds,
@@ -359,4 +374,4 @@ def metadata_server_for(cloud: str) -> MetadataServer:
     }
     if cloud not in servers:
         raise ValueError(f"unknown cloud {cloud!r}: use one of {sorted(servers)}")
-    return servers[cloud]()
+    return servers[cloud](identity=identity)

@@ -1,14 +1,17 @@
 """A VM's first boot, rehearsed: the rendered boot script runs, as root, inside the VM.
 
 The script is the one Terraform renders from ``infra/boot/*-boot.sh.tftpl`` and runs
-unchanged but for three things a rehearsal cannot have:
+unchanged but for four things a rehearsal cannot have:
 
-- its VM paths (/etc/spotinfer, /etc/systemd/system, /var/log, /opt) point into the node's
-  own folder (the unit bodies it writes stay verbatim);
+- its VM paths (/etc/spotinfer, /etc/systemd/system, /etc/cron.d, /var/log, /opt) point into
+  the node's own folder (the unit bodies it writes stay verbatim);
 - the cloud's secret CLIs (``aws secretsmanager``, ``gcloud secrets``) are stand-ins on PATH
-  that print the rehearsal's Redis AUTH token;
-- the install script (pip, useradd, ``systemctl enable --now``) is replaced by one that
-  records which units it would enable: the supervisor starts those.
+  that serve every secret the script reads: the Redis AUTH token, the role's TLS bundle (with
+  the API keys on the coordinator) and the KV MAC keyring (`fleet_secrets`);
+- ``useradd`` is a stand-in that makes no user on this machine (so the files stay root's, as
+  the processes here run as root);
+- the install script (pip, ``systemctl enable --now``) is replaced by one that records which
+  units it would enable: the supervisor starts those.
 
 Everything else is real: ``curl`` asks the VM's metadata server (at 169.254.169.254, or
 metadata.google.internal through the VM's /etc/hosts) for the instance id, and bash writes
@@ -26,11 +29,12 @@ from typing import Any
 
 from spotinfer.fleet.render import render_template
 from spotinfer.local.managed_process import REPO_ROOT
+from spotinfer.rehearsal.fleet_secrets import FleetSecrets
 
 BOOT_DIR = REPO_ROOT / "infra" / "boot"
 ENV_FILE = "/etc/spotinfer/spotinfer.env"
 # VM paths the boot script writes, each mapped into the node's folder (longest first).
-VM_PATHS = ("/etc/systemd/system", "/etc/spotinfer", "/var/log", "/opt")
+VM_PATHS = ("/etc/systemd/system", "/etc/spotinfer", "/etc/cron.d", "/var/log", "/opt")
 BOOT_TIMEOUT_SECONDS = 60.0
 ENABLED_UNITS_FILE = "enabled-units"
 _INSTALL_STAND_IN = """#!/usr/bin/env bash
@@ -40,12 +44,9 @@ set -euo pipefail
 chmod 0600 /etc/spotinfer/spotinfer.env
 echo "$SPOTINFER_UNITS" >/opt/ENABLED_UNITS
 """
-_SECRET_CLI = """#!/bin/sh
-# Rehearsal stand-in for the cloud's secret CLI: the Redis AUTH token, nothing else.
-case "$*" in
-  *secretsmanager*get-secret-value*|*secrets*versions*access*) printf '%s\\n' "$SPOTINFER_REHEARSAL_REDIS_TOKEN" ;;
-  *) echo "rehearsal: $0 $* is not available" >&2; exit 1 ;;
-esac
+_USERADD_STAND_IN = """#!/bin/sh
+# Rehearsal stand-in for useradd: a VM's system user is not made on the rehearsing machine.
+echo "rehearsal: useradd $* skipped" >&2
 """
 # A VM path where a word starts (not inside another path), followed by /, a quote or a space.
 _VM_PATH = re.compile(
@@ -70,11 +71,12 @@ def boot(
     template: str,
     values: Mapping[str, Any],
     root: Path,
-    redis_token: str,
+    secrets: FleetSecrets,
     wrap: Callable[[Sequence[str]], list[str]] = list,
 ) -> BootResult:
     """Render `template` with Terraform's `values` (spotinfer.fleet.render, Terraform's
-    templatefile), run it in the VM (`wrap`), and return what it wrote under `root`."""
+    templatefile), run it in the VM (`wrap`) with `secrets` behind its cloud CLIs, and return
+    what it wrote under `root`."""
     units: Mapping[str, str] = values["units"]
     placeholders = {name: f"@@UNIT:{name}@@" for name in units}
     install = _INSTALL_STAND_IN.replace("ENABLED_UNITS", ENABLED_UNITS_FILE)
@@ -86,14 +88,13 @@ def boot(
         (root / vm_path.lstrip("/")).mkdir(parents=True, exist_ok=True)
     shims = root / "rehearsal-bin"
     shims.mkdir(exist_ok=True)
-    for cli in ("aws", "gcloud"):
-        (shims / cli).write_text(_SECRET_CLI)
-        (shims / cli).chmod(0o755)
+    secrets.install_clis(shims)
+    (shims / "useradd").write_text(_USERADD_STAND_IN)
+    (shims / "useradd").chmod(0o755)
     (root / "boot.sh").write_text(script)
     command = [
         "env",
         f"PATH={shims}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-        f"SPOTINFER_REHEARSAL_REDIS_TOKEN={redis_token}",
         "bash",
         str(root / "boot.sh"),
     ]

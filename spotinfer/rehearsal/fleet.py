@@ -5,10 +5,13 @@
                                │                               │  metadata server at
                                └──────── rediss:// ────────▶ redis VM   169.254.169.254
 
-`Rehearsal.start` builds the network, starts Redis (TLS + AUTH), boots the coordinator VM
-and the nodes; `add_node` boots one more at any time. The disturbances are what a cloud does:
+`Rehearsal.start` builds the network, starts Redis (TLS + AUTH), makes the fleet's secrets
+(cluster CA, each role's TLS bundle, API keys, the KV MAC keyring: `fleet_secrets`), boots
+the coordinator VM and the nodes; `add_node` boots one more at any time. The client VM speaks
+TLS with a tenant's API key; the rehearsal's own control calls use an operator certificate. The disturbances are what a cloud does:
 `notice` (the metadata service announces the termination), `partition` / `heal` (a VM's
-link goes down), `restart_coordinator` (its process dies and its unit's Restart= brings it
+link goes down), `cut_off_redis` / `reconnect_redis` (a VM's packets to Redis are lost, the
+rest of the network still answers), `restart_coordinator` (its process dies and its unit's Restart= brings it
 back). `close` removes every VM and process, also after a failure.
 """
 
@@ -19,7 +22,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -32,7 +35,7 @@ from grpc_health.v1.health_pb2_grpc import HealthStub
 from common.channels import sync_channel
 from protos.spotinfer.v1 import control_pb2, control_pb2_grpc
 from spotinfer.fleet.render import parse_env_file
-from spotinfer.loadgen import PlannedRequest
+from spotinfer.loadgen import PlannedRequest, RequestTrace
 from spotinfer.local.metadata_servers import (
     AwsImds,
     GcpMetadata,
@@ -40,9 +43,16 @@ from spotinfer.local.metadata_servers import (
     MetadataServer,
 )
 from spotinfer.rehearsal.boot import BOOT_DIR, BootResult, boot, unit_bodies
+from spotinfer.rehearsal.fleet_secrets import FleetSecrets, secret_ids
 from spotinfer.rehearsal.forwarder import Forwarder
-from spotinfer.rehearsal.netns import METADATA_ADDRESS, Host, Network, sweep_leftovers
-from spotinfer.rehearsal.streams import reference
+from spotinfer.rehearsal.netns import (
+    METADATA_ADDRESS,
+    SUBNET_PREFIX,
+    Host,
+    Network,
+    sweep_leftovers,
+)
+from spotinfer.rehearsal.streams import Streams, reference, run_streams
 from spotinfer.rehearsal.supervisor import UnitSupervisor
 from spotinfer.rehearsal.tls_redis import TlsRedis
 from spotinfer.rehearsal.unit_file import load_unit
@@ -54,6 +64,7 @@ CLOUDS = ("aws", "gcp")
 COORDINATOR_UNITS = ("spotinfer-coordinator.service",)
 NODE_UNITS = ("spotinfer-daemon.service", "spotinfer-worker.service")
 COORDINATOR_PORT = 50051
+COORDINATOR_INTERNAL_PORT = 50052  # mutual TLS: registrations and the operator's Control
 WORKER_PORT = 50061
 DAEMON_PEER_PORT = 50062
 # The Terraform modules' defaults (infra/terraform/*/variables.tf).
@@ -61,6 +72,8 @@ COORDINATOR_HTTP_PORT = 8000
 WORKER_METRICS_PORT = 9400
 DAEMON_METRICS_PORT = 9401
 METADATA_PORT = 80
+# Every address `Network.add_host` can hand out: the one worker certificate names them all.
+SUBNET_ADDRESSES = tuple(f"{SUBNET_PREFIX}.{octet}" for octet in range(2, 255))
 # What a small CPU rehearsal needs of a worker, given as a systemd drop-in would
 # (Environment= of /etc/systemd/system/spotinfer-worker.service.d/rehearsal.conf).
 SMALL_WORKER = {
@@ -70,6 +83,7 @@ SMALL_WORKER = {
     "SPOTINFER_MAX_NUM_SEQS": "16",
 }
 UNIT_STOP_SECONDS = 15.0
+READY_NODE_WAIT_SECONDS = 60.0  # for a reference run: until a node is READY again
 _PROCESS_ENVIRONMENT = {
     "OMP_NUM_THREADS": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -161,6 +175,7 @@ class Rehearsal:
         self.vms: dict[str, Vm] = {}
         self.nodes: list[Vm] = []
         self.redis: TlsRedis | None = None
+        self.secrets: FleetSecrets | None = None
         self.client: Host | None = None
         self._forwarders: list[Forwarder] = []
         self._channel: grpc.Channel | None = None
@@ -175,11 +190,22 @@ class Rehearsal:
         self.root.mkdir(parents=True, exist_ok=True)
         redis_host = self.network.add_host("redis", metadata_address=False)
         self.redis = TlsRedis(redis_host, self.root / "redis").start()
-        coordinator = self._boot_vm("coord", "coordinator", COORDINATOR_UNITS)
+        coordinator_host = self.network.add_host("coord")
+        self.secrets = FleetSecrets.make(
+            self.root / "operator",
+            secret_ids(self.config.cloud),
+            self.redis.password,
+            coordinator_hosts=(coordinator_host.address,),
+            worker_hosts=SUBNET_ADDRESSES,
+        )
+        coordinator = self._boot_vm(coordinator_host, "coordinator", COORDINATOR_UNITS)
         self.client = self.network.add_host("client", metadata_address=False)
         self.coordinator = coordinator
         self.coordinator_target = self.forward(
             (coordinator.host.address, COORDINATOR_PORT), "coordinator"
+        )
+        self.control_target = self.forward(
+            (coordinator.host.address, COORDINATOR_INTERNAL_PORT), "coordinator-internal"
         )
         for _ in range(self.config.nodes):
             self.add_node()
@@ -198,17 +224,19 @@ class Rehearsal:
             "model": str(self.config.model),
             "worker_port": WORKER_PORT,
             "daemon_peer_port": DAEMON_PEER_PORT,
-            "coordinator_address": f"{coordinator_ip}:{COORDINATOR_PORT}",
+            "coordinator_address": f"{coordinator_ip}:{COORDINATOR_INTERNAL_PORT}",
             "coordinator_port": COORDINATOR_PORT,
             "coordinator_http": COORDINATOR_HTTP_PORT,
+            "coordinator_internal": COORDINATOR_INTERNAL_PORT,
             "worker_metrics": WORKER_METRICS_PORT,
             "daemon_metrics": DAEMON_METRICS_PORT,
             "lease_interval": _terraform_number(self.config.lease_interval_seconds),
             "lease_ttl": _terraform_number(self.config.lease_ttl_seconds),
+            "termination_drain": 120,
+            "worker_stop_grace": 25,
             "redis_host": self.redis.host.address,
             "redis_port": self.redis.port,
-            "redis_secret_arn": "arn:aws:secretsmanager:us-east-1:000000000000:secret:redis",
-            "redis_secret_id": "redis-auth",
+            **secret_ids(self.config.cloud).values(self.config.cloud),
             "redis_ca_pem": self.redis.tls.ca_cert.read_text().strip(),
             "units": unit_bodies(units),
         }
@@ -224,9 +252,9 @@ class Rehearsal:
             spot=host.name != "coord",
         )
 
-    def _boot_vm(self, name: str, role: str, units: tuple[str, ...]) -> Vm:
-        assert self.redis is not None
-        host = self.network.add_host(name)
+    def _boot_vm(self, host: Host, role: str, units: tuple[str, ...]) -> Vm:
+        assert self.secrets is not None
+        name = host.name
         server_type = AwsImds if self.config.cloud == "aws" else GcpMetadata
         with host.entered():  # the server's socket belongs to the VM
             metadata = server_type(
@@ -236,7 +264,7 @@ class Rehearsal:
         root = self.root / name
         template = (BOOT_DIR / f"{self.config.cloud}-boot.sh.tftpl").read_text()
         booted_at = time.time()
-        result = boot(template, self._values(role, units), root, self.redis.password, host.command)
+        result = boot(template, self._values(role, units), root, self.secrets, host.command)
         vm = Vm(name, host, metadata, result, booted_at=booted_at)
         self.vms[name] = vm
         self._start_units(vm, role)
@@ -268,7 +296,8 @@ class Rehearsal:
     def add_node(self) -> Vm:
         """Boot one more worker VM (its daemon and worker units start, nothing else is told)."""
         self._node_count += 1
-        vm = self._boot_vm(f"node{self._node_count}", "worker", NODE_UNITS)
+        host = self.network.add_host(f"node{self._node_count}")
+        vm = self._boot_vm(host, "worker", NODE_UNITS)
         self.nodes.append(vm)
         return vm
 
@@ -283,7 +312,10 @@ class Rehearsal:
 
     def _control_channel(self) -> grpc.Channel:
         if self._channel is None:
-            self._channel = sync_channel(self.coordinator_target)
+            assert self.secrets is not None
+            self._channel = sync_channel(
+                self.control_target, transport=self.secrets.operator_transport
+            )
         return self._channel
 
     @property
@@ -313,13 +345,21 @@ class Rehearsal:
         return time.monotonic() - start
 
     def coordinator_serving(self) -> bool:
+        """Its health says SERVING (it has a worker to route to)."""
+        return self._coordinator_health() == health_pb2.HealthCheckResponse.SERVING
+
+    def coordinator_answers(self) -> bool:
+        """Its process is up and answers health checks (SERVING or not yet)."""
+        return self._coordinator_health() is not None
+
+    def _coordinator_health(self) -> int | None:
         try:
             reply = HealthStub(self._control_channel()).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=2
             )
         except grpc.RpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+            return None
+        return int(reply.status)
 
     def logs_tail(self, chars: int = 3000) -> str:
         parts = []
@@ -332,13 +372,53 @@ class Rehearsal:
     def greedy_reference(self, planned: Sequence[PlannedRequest]) -> dict[str, list[int]]:
         """The requests' greedy outputs straight from one ready worker (its worker port, from
         the client VM): what every stream must equal."""
-        known = self.known_workers()
-        ready = control_pb2.WORKER_STATE_READY  # a noticed node takes no new request
-        vm = next(
-            vm for vm in self.nodes if vm.worker_id in known and known[vm.worker_id].state == ready
-        )
+        vm = self._ready_node()
         target = self.forward((vm.host.address, WORKER_PORT), f"worker-{vm.name}")
-        return reference(target, planned)
+        assert self.secrets is not None
+        return reference(target, planned, self.secrets.operator_transport)
+
+    def _ready_node(self, timeout_seconds: float = READY_NODE_WAIT_SECONDS) -> Vm:
+        """A node the coordinator calls READY (a noticed one takes no new request); waits
+        while none is (one may be re-registering after a disturbance)."""
+        ready = control_pb2.WORKER_STATE_READY
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            known = self.known_workers()
+            for vm in self.nodes:
+                if vm.worker_id in known and known[vm.worker_id].state == ready:
+                    return vm
+            if time.monotonic() > deadline:
+                states = {w: control_pb2.WorkerState.Name(k.state) for w, k in known.items()}
+                raise RuntimeError(
+                    f"no READY node within {timeout_seconds:g} s: {states}\n{self.logs_tail()}"
+                )
+            time.sleep(0.5)
+
+    def streams(
+        self,
+        planned: Sequence[PlannedRequest],
+        on_done: Callable[[RequestTrace], None] | None = None,
+    ) -> Streams:
+        """`planned` from the client VM through the coordinator (TLS, the tenant's API key),
+        in a thread of their own; call ``start()``."""
+        assert self.secrets is not None
+        return Streams(
+            self.coordinator_target,
+            planned,
+            on_done=on_done,
+            transport=self.secrets.client_transport,
+            api_key=self.secrets.api_key,
+        )
+
+    def run_streams(self, planned: Sequence[PlannedRequest]) -> list[RequestTrace]:
+        """`streams`, waited for."""
+        assert self.secrets is not None
+        return run_streams(
+            self.coordinator_target,
+            planned,
+            transport=self.secrets.client_transport,
+            api_key=self.secrets.api_key,
+        )
 
     def node_named(self, worker_id: str) -> Vm:
         return next(vm for vm in self.nodes if vm.worker_id == worker_id)
@@ -354,6 +434,15 @@ class Rehearsal:
 
     def heal(self, vm: Vm) -> None:
         self.network.heal(vm.host)
+
+    def cut_off_redis(self, vm: Vm) -> None:
+        """`vm` loses Redis (its packets there are dropped) but still reaches every other VM."""
+        assert self.redis is not None
+        self.network.cut_off(vm.host, self.redis.host.address)
+
+    def reconnect_redis(self, vm: Vm) -> None:
+        assert self.redis is not None
+        self.network.reconnect(vm.host, self.redis.host.address)
 
     def terminate(self, vm: Vm) -> None:
         """The cloud takes `vm` away (the end of a grace period): its units stop as a

@@ -9,7 +9,9 @@
 Every address lives inside a namespace this module created (10.213.0.0/24 and, on each VM's
 loopback, the link-local metadata address 169.254.169.254), so nothing here can reach or be
 reached from any other network. `partition` takes a VM's bridge end down (the VM drops off
-the network, as a cut cable or a zone outage would) and `heal` brings it back.
+the network, as a cut cable or a zone outage would) and `heal` brings it back. `cut_off`
+drops, inside one VM, every packet it sends to one address (a security group or route that
+went wrong: the rest of the network still answers) and `reconnect` lifts it.
 
 Namespaces are named ``<prefix><pid>x<run id>-<vm>``; `sweep_leftovers` removes everything under
 the prefix that an earlier, killed run left behind, and `Network.close` removes the run's own
@@ -43,6 +45,7 @@ BRIDGE = "br0"
 VM_INTERFACE = "eth0"
 _CLONE_NEWNET = 0x40000000
 _KILL_WAIT_SECONDS = 5.0
+_NOWHERE_MAC = "02:00:5e:00:de:ad"  # locally administered; no VM's interface has it
 # Hosts a VM's resolver knows without DNS: the GCP metadata server's name.
 _METADATA_HOSTNAMES = ("metadata.google.internal", "metadata")
 
@@ -271,6 +274,18 @@ class Network:
 
     def heal(self, host: Host) -> None:
         _ip("-n", host.bridge_namespace, "link", "set", host.bridge_port, "up")
+
+    def cut_off(self, host: Host, address: str) -> None:
+        """`host`'s packets to `address` are lost on the way, as behind a security group that
+        drops them: connections there time out, everything else still flows. (Its neighbour
+        entry for `address` names a link address no VM has, so the bridge delivers those
+        frames nowhere; packet filters need kernel modules a test machine may lack.)"""
+        _ip("-n", host.namespace, "neigh", "replace", address, "lladdr", _NOWHERE_MAC,
+            "dev", VM_INTERFACE, "nud", "permanent")  # fmt: skip
+
+    def reconnect(self, host: Host, address: str) -> None:
+        """Lift `cut_off`: the VM resolves `address` again."""
+        _ip("-n", host.namespace, "neigh", "del", address, "dev", VM_INTERFACE)
 
     def close(self) -> None:
         for namespace in reversed(self._created):

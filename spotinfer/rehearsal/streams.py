@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from common.channels import PLAINTEXT, TransportConfig
 from spotinfer.loadgen import LoadSpec, PlannedRequest, RequestTrace, plan_requests, run_load
 
 STREAM_TIMEOUT_SECONDS = 300.0
@@ -40,6 +41,8 @@ def run_streams(
     planned: Sequence[PlannedRequest],
     on_start: Callable[[RequestTrace], None] | None = None,
     on_done: Callable[[RequestTrace], None] | None = None,
+    transport: TransportConfig = PLAINTEXT,
+    api_key: str = "",
 ) -> list[RequestTrace]:
     return asyncio.run(
         run_load(
@@ -49,6 +52,8 @@ def run_streams(
             timeout_seconds=STREAM_TIMEOUT_SECONDS,
             on_start=on_start,
             on_done=on_done,
+            transport=transport,
+            api_key=api_key,
         )
     )
 
@@ -61,8 +66,12 @@ class Streams:
         target: str,
         planned: Sequence[PlannedRequest],
         on_done: Callable[[RequestTrace], None] | None = None,
+        transport: TransportConfig = PLAINTEXT,
+        api_key: str = "",
     ) -> None:
         self.planned = list(planned)
+        self._transport = transport
+        self._api_key = api_key
         self._on_done = on_done
         self.live: list[RequestTrace] = []
         self.traces: list[RequestTrace] = []
@@ -72,7 +81,12 @@ class Streams:
     def _run(self, target: str) -> None:
         try:
             self.traces = run_streams(
-                target, self.planned, on_start=self.live.append, on_done=self._on_done
+                target,
+                self.planned,
+                on_start=self.live.append,
+                on_done=self._on_done,
+                transport=self._transport,
+                api_key=self._api_key,
             )
         except BaseException as exc:  # re-raised by join
             self._failure.append(exc)
@@ -93,8 +107,13 @@ class Streams:
         return self.traces
 
 
-def reference(worker_target: str, planned: Sequence[PlannedRequest]) -> dict[str, list[int]]:
-    """The same requests, greedy, straight on one worker (no coordinator, no disturbance)."""
+def reference(
+    worker_target: str,
+    planned: Sequence[PlannedRequest],
+    transport: TransportConfig = PLAINTEXT,
+) -> dict[str, list[int]]:
+    """The same requests, greedy, straight on one worker (no coordinator, no disturbance);
+    `transport`: a certificate the worker lets call Generate (an operator's)."""
     again = [
         PlannedRequest(
             request_id=f"ref-{p.request_id}",
@@ -106,7 +125,13 @@ def reference(worker_target: str, planned: Sequence[PlannedRequest]) -> dict[str
         for p in planned
     ]
     traces = asyncio.run(
-        run_load(worker_target, again, service="worker", timeout_seconds=STREAM_TIMEOUT_SECONDS)
+        run_load(
+            worker_target,
+            again,
+            service="worker",
+            timeout_seconds=STREAM_TIMEOUT_SECONDS,
+            transport=transport,
+        )
     )
     failed = [t.request_id for t in traces if not t.ok]
     if failed:

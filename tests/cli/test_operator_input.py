@@ -58,3 +58,13 @@ def test_unreachable_target() -> None:
 
 def test_trace_without_a_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     _one_clear_line(_run("drill", "trace", "--model", str(tmp_path)), "needs --trace FILE")
+
+
+def test_batch_without_its_file_or_its_front(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _one_clear_line(_run("batch", "submit", str(tmp_path / "none.jsonl")), "none.jsonl")
+    jobs = tmp_path / "in.jsonl"
+    jobs.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}\n')
+    _one_clear_line(
+        _run("batch", "submit", str(jobs), "--url", "http://127.0.0.1:9"),
+        "cannot reach the coordinator's HTTP front",
+    )

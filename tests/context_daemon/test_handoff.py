@@ -1,5 +1,6 @@
 """The daemon's hand-off to a coordinator that migrates the requests itself: it waits for
-that coordinator's Flush (up to its share of the time), and flushes on its own otherwise."""
+that coordinator's Flush (up to its share of the time), and flushes on its own otherwise;
+once a flush has saved every request, the cloud is told it may take the VM (Azure)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,28 @@ from context_daemon.worker_link import WorkerLink
 
 
 class RecordingLink(WorkerLink):
-    """The worker's side of Preempt, answered here: one complete report, the call recorded."""
+    """The worker's side of Preempt, answered here: one report (complete unless told), the
+    call recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, complete: bool = True) -> None:
         super().__init__("127.0.0.1:1")
         self.preempts: list[float] = []
+        self.complete = complete
 
     async def preempt(self, deadline_unix: float, now_unix: float) -> AsyncIterator[FlushReport]:
         self.preempts.append(time.monotonic())
-        yield FlushReport("r1", True, 3, 1, True, 130, "w")
+        yield FlushReport("r1", self.complete, 3, 1, self.complete, 130, "w")
+
+
+class ApprovalSeen(FileNoticeWatcher):
+    """A watcher that records what it was told to acknowledge, and when."""
+
+    def __init__(self) -> None:
+        super().__init__("/nonexistent/notice")
+        self.acknowledged: list[tuple[Notice, float]] = []
+
+    def acknowledge(self, notice: Notice) -> None:
+        self.acknowledged.append((notice, time.monotonic()))
 
 
 class NoticeSeen(Subscribers):
@@ -42,7 +56,11 @@ class NoticeSeen(Subscribers):
 
 
 def daemon(
-    handoff_seconds: float, orchestrated: bool, subscribers: Subscribers | None = None
+    handoff_seconds: float,
+    orchestrated: bool,
+    subscribers: Subscribers | None = None,
+    link: RecordingLink | None = None,
+    watcher: FileNoticeWatcher | None = None,
 ) -> tuple[ContextDaemon, RecordingLink]:
     config = DaemonConfig(
         notice_source="file",
@@ -50,12 +68,12 @@ def daemon(
         worker_address="127.0.0.1:1",
         handoff_seconds=handoff_seconds,
     )
-    link = RecordingLink()
+    link = link or RecordingLink()
     subscribers = subscribers or Subscribers()
     return (
         ContextDaemon(
             config,
-            FileNoticeWatcher("/nonexistent/notice"),
+            watcher or FileNoticeWatcher("/nonexistent/notice"),
             link,
             subscribers,
             orchestrated=lambda: orchestrated,
@@ -100,3 +118,34 @@ async def test_without_the_coordinators_flush_the_daemon_flushes_after_its_share
     # The hand-off time, or half of what was left when that is shorter.
     assert len(link.preempts) == 1
     assert min(handoff, grace / 2) - 0.05 <= waited < min(handoff, grace / 2) + 2.0
+
+
+async def test_the_notice_is_acknowledged_after_a_complete_flush_only() -> None:
+    watcher = ApprovalSeen()
+    subject, link = daemon(handoff_seconds=0.0, orchestrated=False, watcher=watcher)
+    noticed = notice(30)
+    await subject.handle_notice(noticed)
+    assert [n for n, _ in watcher.acknowledged] == [noticed]
+    assert watcher.acknowledged[0][1] >= link.preempts[0], "after the flush, never before"
+    async for _ in subject.flush(time.time() + 20):  # a second flush: told once only
+        pass
+    assert len(watcher.acknowledged) == 1
+
+    watcher = ApprovalSeen()
+    subject, _ = daemon(0.0, False, link=RecordingLink(complete=False), watcher=watcher)
+    await subject.handle_notice(notice(30))
+    assert watcher.acknowledged == [], "an incomplete flush keeps the VM its time"
+
+
+async def test_the_coordinators_flush_acknowledges_the_notice_it_answers() -> None:
+    watcher = ApprovalSeen()
+    subscribers = NoticeSeen()
+    subject, link = daemon(5.0, True, subscribers=subscribers, watcher=watcher)
+    noticed = notice(30)
+    handling = asyncio.ensure_future(subject.handle_notice(noticed))
+    await asyncio.wait_for(subscribers.seen.wait(), 2.0)
+    assert watcher.acknowledged == []
+    async for _ in subject.flush(time.time() + 29):  # the coordinator's Flush
+        pass
+    await asyncio.wait_for(handling, 2.0)
+    assert [n for n, _ in watcher.acknowledged] == [noticed]

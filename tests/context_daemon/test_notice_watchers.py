@@ -84,6 +84,39 @@ def test_aws_rebalance_recommendation_is_a_hint_without_deadline() -> None:
         assert urgent is not None and urgent.action is NoticeAction.TERMINATE
 
 
+def test_aws_scale_in_lifecycle_state_is_a_notice_with_the_hooks_wait() -> None:
+    clock = ManualClock()
+    with AwsImds() as imds:
+        watcher = AwsNoticeWatcher(base_url=imds.base_url, clock=clock, lifecycle_drain_seconds=90)
+        assert watcher.poll() is None  # InService
+        imds.announce_scale_in()
+        notice = watcher.poll()
+        assert notice is not None and notice.action is NoticeAction.TERMINATE
+        assert notice.deadline_unix == NOW_UNIX + 90
+        assert notice.raw == {"target-lifecycle-state": "Terminated"}
+        clock.now += 5
+        again = watcher.poll()
+        assert again == notice, "the same termination, seen again, is one notice"
+        assert again is not None and again.deadline_unix == NOW_UNIX + 90
+        assert imds.seen("GET", "/latest/meta-data/autoscaling/target-lifecycle-state")
+        imds.instance_action = {"action": "terminate", "time": "2026-11-30T11:59:00Z"}
+        spot = watcher.poll()  # a spot notice wins: it has the cloud's own deadline
+        assert spot is not None and spot.deadline_unix == NOW_UNIX + 60
+
+
+def test_aws_outside_a_group_or_with_the_state_unwatched_there_is_no_lifecycle_notice() -> None:
+    with AwsImds() as imds:
+        imds.lifecycle_state = None  # not in an auto scaling group: 404
+        assert AwsNoticeWatcher(base_url=imds.base_url, clock=ManualClock()).poll() is None
+        imds.lifecycle_state = "Terminated"
+        unwatched = AwsNoticeWatcher(
+            base_url=imds.base_url, clock=ManualClock(), lifecycle_drain_seconds=0
+        )
+        assert unwatched.poll() is None
+        with pytest.raises(ValueError, match="lifecycle_drain_seconds"):
+            AwsNoticeWatcher(base_url=imds.base_url, lifecycle_drain_seconds=-1)
+
+
 def test_aws_token_is_renewed_before_it_expires_and_after_a_401() -> None:
     clock = ManualClock()
     with AwsImds() as imds:
@@ -258,7 +291,7 @@ def test_azure_preempt_for_this_vm_and_early_approval() -> None:
         assert notice.action is NoticeAction.PREEMPT
         assert notice.deadline_unix == NOW_UNIX + 30
         assert notice.event_id == "602d9444-d2cd-49c7-8624-8643e7171297"
-        watcher.approve(notice.event_id)
+        watcher.acknowledge(notice)  # what the daemon calls once the flush is complete
         (post,) = events.seen("POST")
         assert json.loads(post.body) == {
             "StartRequests": [{"EventId": "602d9444-d2cd-49c7-8624-8643e7171297"}]
@@ -266,6 +299,8 @@ def test_azure_preempt_for_this_vm_and_early_approval() -> None:
         assert post.headers["metadata"] == "true"
         started = watcher.poll()  # the eviction is now under way: deadline is now
         assert started is not None and started.deadline_unix == clock.now
+        clock.now += 3
+        assert watcher.poll() == started, "a started event is one notice, not one per poll"
         with pytest.raises(NoticeSourceError):
             watcher.approve("no-such-event")
 

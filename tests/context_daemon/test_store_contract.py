@@ -92,6 +92,15 @@ def test_a_record_is_created_once_and_read_back(make_store: StoreMaker) -> None:
     assert loaded.created_unix_ms > 0
     with pytest.raises(RequestNotFound):
         store.get_request("contract-nobody")
+    assert (loaded.sla_class, loaded.priority) == ("INTERACTIVE", None)
+
+
+def test_a_record_keeps_its_class_and_priority_for_a_resume(make_store: StoreMaker) -> None:
+    store = make_store(0)
+    record = dataclasses.replace(_record(), sla_class="BATCH", priority=7)
+    store.create_request(record)
+    loaded = store.get_request(record.request_id)
+    assert (loaded.sla_class, loaded.priority) == ("BATCH", 7)
 
 
 def test_token_commits_are_idempotent_and_never_gap_or_rewrite(make_store: StoreMaker) -> None:
@@ -145,10 +154,47 @@ def test_a_finish_without_retention_deletes_and_a_second_finish_is_harmless(
 ) -> None:
     store = make_store(0)
     request_id = _created(store)
+    store.release_request(request_id)  # its client already got the end
     assert store.finish_request(request_id)
     with pytest.raises(RequestNotFound):
         store.get_request(request_id)
     assert not store.finish_request(request_id)
+    cancelled = _created(store)
+    assert store.finish_request(cancelled, RequestStatus.CANCELLED)  # never held
+    with pytest.raises(RequestNotFound):
+        store.get_request(cancelled)
+
+
+def test_a_finished_request_is_kept_until_its_client_got_the_end(make_store: StoreMaker) -> None:
+    """Retention 0, but nobody has said the client got the end: record and tokens stay (a
+    coordinator restarted meanwhile replays them), until a release deletes them."""
+    store = make_store(0)
+    request_id = _created(store)
+    store.commit_step([TokenCommit(request_id, 0, (5, 6, 7))])
+    assert store.finish_request(request_id, RequestStatus.FINISHED, "LENGTH")
+    held = store.get_request(request_id)
+    assert (held.status, held.finish_reason, held.committed_length) == (
+        RequestStatus.FINISHED,
+        "LENGTH",
+        3,
+    )
+    assert store.committed_tokens(request_id, 1) == [6, 7]
+    assert store.release_request(request_id)
+    with pytest.raises(RequestNotFound):
+        store.get_request(request_id)
+    assert not store.release_request(request_id)  # a second release is harmless
+
+
+def test_a_release_before_the_finish_lets_the_finish_delete(make_store: StoreMaker) -> None:
+    """The relay hands the client the worker's last chunk before the worker's finish lands
+    in the store: the mark the release leaves makes that finish apply the retention."""
+    store = make_store(0)
+    request_id = _created(store)
+    assert store.release_request(request_id)
+    assert store.get_request(request_id).status is RequestStatus.RUNNING  # still live
+    assert store.finish_request(request_id, RequestStatus.FINISHED, "STOP")
+    with pytest.raises(RequestNotFound):
+        store.get_request(request_id)
 
 
 def test_delete_counts_the_keys_that_existed(make_store: StoreMaker) -> None:

@@ -21,6 +21,7 @@ from store import (
     StoreConfig,
     TokenCommit,
 )
+from tests.context_daemon.conftest import TEST_STORE_CONFIG
 from tests.support.wait import wait_until
 
 FINGERPRINT = "tiny-llama:sha256:0123abcd"
@@ -196,6 +197,10 @@ def test_finish_with_retention_keeps_state_readable_until_retention_ends(
     retaining.finish_request(request_id)
     assert retaining.get_request(request_id).status is RequestStatus.FINISHED
     ttls = retaining.request_ttl_seconds(request_id)
+    hold = StoreConfig().undelivered_retention_seconds  # nobody released it yet
+    assert ttls and all(30 < ttl <= hold for ttl in ttls.values())
+    assert retaining.release_request(request_id)  # its client got the end
+    ttls = retaining.request_ttl_seconds(request_id)
     assert ttls and all(0 < ttl <= 30 for ttl in ttls.values())
 
 
@@ -204,6 +209,11 @@ def test_finish_without_retention_and_delete_leave_nothing(store: RedisStore) ->
     store.commit(finished, 0, [1, 2, 3])
     assert store.keys_for_request(finished)
     assert store.finish_request(finished)
+    assert store.keys_for_request(finished), "kept until its client got the end"
+    ttls = store.request_ttl_seconds(finished)
+    hold = TEST_STORE_CONFIG.undelivered_retention_seconds
+    assert ttls and all(0 < ttl <= hold for ttl in ttls.values())
+    assert store.release_request(finished)
     assert store.keys_for_request(finished) == []
     assert not store.finish_request(finished)  # already gone: a retried finish is harmless
 

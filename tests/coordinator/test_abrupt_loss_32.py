@@ -36,17 +36,18 @@ from tests.coordinator.conftest import greedy, start_coordinator
 from tests.coordinator.streams import offline_reference
 from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until
+from worker.constants import DEFAULT_KV_CHUNK_TOKENS
 
 STREAMS = 32
 RUNNING_SLOTS = 24  # the coordinator lets 24 run on the worker and queues the other 8
 PROMPT_TOKENS = 40
-# 40 + 900 tokens: seven full 128-token blocks by the end, and a few seconds between the kill
+# 40 + 900 tokens: three full 256-token chunks by the end, and a few seconds between the kill
 # point and the end even on a loaded machine (the tiny model decodes ~200 tokens a second).
 MAX_TOKENS = 900
-BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
-# Kill once the running streams have this many tokens committed: their first block is full (at
-# 88 output tokens) and persisted by then.
-KILL_AFTER_TOKENS = 130
+BLOCK_TOKENS = DEFAULT_KV_CHUNK_TOKENS  # the store's unit: one stored chunk
+# Kill once the running streams have this many tokens committed: their first chunk is full (at
+# 216 output tokens) and persisted by then.
+KILL_AFTER_TOKENS = BLOCK_TOKENS - PROMPT_TOKENS + 42
 MAX_MODEL_LEN = 1024
 STREAM_TIMEOUT_SECONDS = 900
 WAIT_SECONDS = 600

@@ -14,20 +14,20 @@ import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from common.requests import EventKind, FinishReason, Sampling, TokenChunk
+from common.requests import EventKind, FinishReason, Sampling
 from protos.spotinfer.v1 import control_pb2, inference_pb2
 from spotinfer.client import Client, ClientConfig
 from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import assemble, greedy, health_of
 from tests.coordinator.streams import STREAM_TIMEOUT_SECONDS, WAIT_SECONDS
+from tests.support import client_streams
 from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until
 
@@ -37,18 +37,7 @@ KILL_AFTER_TOKENS = 60
 PROMPTS = [[11 + 3 * i + 7 * j for j in range(24)] for i in range(STREAMS)]
 
 
-@dataclass
-class ClientStream:
-    """What one client (spotinfer.client.Client) was given."""
-
-    request_id: str
-    chunks: list[TokenChunk] = field(default_factory=list)
-    error: BaseException | None = None
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [t for chunk in self.chunks for t in chunk.token_ids]
-
+class ClientStream(client_streams.ClientStream):
     def check_exactly_once(self) -> None:
         expected = 0
         for chunk in self.chunks:
@@ -132,24 +121,8 @@ def _stream_all(
     targets: tuple[str, ...], tag: str
 ) -> tuple[list[ClientStream], list[threading.Thread]]:
     streams = [ClientStream(f"{tag}-{i}") for i in range(STREAMS)]
-
-    def read(stream: ClientStream, prompt: list[int]) -> None:
-        config = ClientConfig(targets=targets, reconnect_attempts=400)
-        try:
-            with Client(config) as client:
-                sampling = Sampling(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-                for chunk in client.stream(prompt, sampling, request_id=stream.request_id):
-                    stream.chunks.append(chunk)
-        except BaseException as exc:  # reported by the test
-            stream.error = exc
-
-    threads = [
-        threading.Thread(target=read, args=(s, p), daemon=True)
-        for s, p in zip(streams, PROMPTS, strict=True)
-    ]
-    for thread in threads:
-        thread.start()
-    return streams, threads
+    config = ClientConfig(targets=targets, reconnect_attempts=400)
+    return streams, client_streams.start_streams(streams, PROMPTS, config, MAX_TOKENS)
 
 
 def _check(streams: list[ClientStream], references: list[list[int]], cut: list[int]) -> None:

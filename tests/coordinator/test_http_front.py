@@ -116,6 +116,23 @@ def test_bad_requests_get_openai_errors(client: openai.OpenAI, model_name: str) 
     assert "max_tokens" in str(bad.value)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+    # What we cannot honour is refused by name, never ignored.
+    with pytest.raises(openai.BadRequestError) as unsupported:
+        client.completions.create(model=model_name, prompt="hi", max_tokens=2, logprobs=2)
+    assert "does not support logprobs" in str(unsupported.value)
+    with pytest.raises(openai.BadRequestError) as penalty:
+        client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            frequency_penalty=0.5,
+        )
+    assert "does not support frequency_penalty" in str(penalty.value)
+    # A value that asks for nothing passes.
+    done = client.completions.create(
+        model=model_name, prompt="hi", max_tokens=2, logprobs=None, presence_penalty=0
+    )
+    assert done.choices[0].finish_reason == "length"
 
 
 def test_metrics_count_what_happened(
@@ -179,3 +196,99 @@ def test_grpc_and_http_share_one_request_table(
     )
     assert len(assemble(attached)) == 6
     assert attached[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+
+
+BATCH_PROMPTS = [f"Question {i}: where does the river {w} go?" for i, w in enumerate("abcdefgh")]
+
+
+def test_a_list_of_prompts_answers_each_as_its_own_request(
+    coordinator: CoordinatorProcess, client: openai.OpenAI, model_name: str, tiny_model: Path
+) -> None:
+    def one(prompt: str | list[int]) -> openai.types.Completion:
+        return client.completions.create(
+            model=model_name,
+            prompt=prompt,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+
+    singles = [one(prompt) for prompt in BATCH_PROMPTS]
+    together = client.completions.create(
+        model=model_name,
+        prompt=BATCH_PROMPTS,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True, "request_id": "listed"},
+    )
+    assert [c.index for c in together.choices] == list(range(len(BATCH_PROMPTS)))
+    assert [c.text for c in together.choices] == [s.choices[0].text for s in singles]
+    assert all(c.finish_reason == "length" for c in together.choices)
+    assert together.usage is not None
+    assert together.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles if s.usage)
+    assert together.usage.completion_tokens == MAX_TOKENS * len(BATCH_PROMPTS)
+    # Each prompt was its own request, under its own id, run once.
+    from protos.spotinfer.v1 import inference_pb2
+
+    streamed_singles = []
+    for i in range(len(singles)):
+        attached = list(
+            coordinator.inference.Attach(inference_pb2.AttachRequest(request_id=f"listed-{i}"))
+        )
+        assert len(assemble(attached)) == MAX_TOKENS
+        streamed_singles.append("".join(r.text for r in attached))
+
+    # Streamed, as token-id lists: the events interleave, each under its prompt's index.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    id_prompts = [list(tokenizer.encode(p)) for p in BATCH_PROMPTS]
+    texts = [""] * len(id_prompts)
+    finishes: dict[int, str] = {}
+    usage = None
+    for chunk in client.completions.create(
+        model=model_name,
+        prompt=id_prompts,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    ):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+        usage = chunk.usage or usage
+    # A stream's text is its chunks' texts (a whole answer decodes its output at once).
+    assert texts == streamed_singles
+    assert finishes == dict.fromkeys(range(len(id_prompts)), "length")
+    assert usage is not None and usage.completion_tokens == MAX_TOKENS * len(id_prompts)
+
+
+def test_prompt_lists_that_cannot_be_served_are_refused(
+    client: openai.OpenAI, model_name: str
+) -> None:
+    for prompt, words in (
+        (["text", [1, 2]], "one shape"),
+        ([], "not empty"),
+        (["p"] * 65, "at most 64"),
+    ):
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.completions.create(model=model_name, prompt=prompt, max_tokens=2)  # type: ignore[arg-type]
+        assert words in str(bad.value)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model=model_name, prompt="hi", max_tokens=2, echo=True)
+    assert "does not support echo" in str(bad.value)
+
+
+def test_the_python_client_runs_a_request_batch(coordinator: CoordinatorProcess) -> None:
+    from common.requests import Sampling
+    from spotinfer.client import Client, ClientConfig
+
+    sampling = Sampling(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    with Client(ClientConfig(targets=(coordinator.address,))) as client:
+        singles = [client.generate(p, sampling).token_ids for p in BATCH_PROMPTS]
+        outputs = client.generate_batch(BATCH_PROMPTS, sampling, request_id_prefix="pybatch")
+    assert [o.request_id for o in outputs] == [f"pybatch-{i}" for i in range(len(BATCH_PROMPTS))]
+    assert [o.token_ids for o in outputs] == singles

@@ -18,6 +18,7 @@ import pytest
 
 from protos.spotinfer.v1 import common_pb2, control_pb2, daemon_pb2
 from spotinfer.local.coordinator_process import CoordinatorProcess
+from store import RedisStore, block_hashes
 from tests.context_daemon.metadata_servers import AwsImds
 from tests.coordinator.conftest import start_coordinator
 from tests.coordinator.streams import (
@@ -32,18 +33,21 @@ from tests.notice.events import iso_utc
 from tests.resume.conftest import BLOCK_TOKENS, MAX_MODEL_LEN
 from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until
+from worker.model_fingerprint import model_fingerprint
 
 STREAMS = 32
 PROMPT_TOKENS = 40
-# Long enough that the notice (after 130 tokens, as the client counts them) lands mid-stream
-# even when the test's thread sees the count late: the tiny model decodes 600 tokens of 32
-# streams in ~3 s, and one run saw them past 130 only as they were ending.
+# The notice comes once every stream's first KV chunk (256 tokens, at 216 output tokens) is
+# in Redis, so the migration stages full chunks and the pause moves a partial tail; the rest
+# of the 960 tokens keeps the streams running through the staging.
 MAX_TOKENS = 960
-# The notice comes once every stream is past this many tokens: its first KV block is full,
-# so the migration moves full blocks and a partial tail.
-NOTICE_AFTER_TOKENS = 130
 AWS_NOTICE_SECONDS = 120.0
 SOURCE, TARGET = "worker-a", "worker-b"
+
+
+@pytest.fixture(scope="module")
+def fingerprint(tiny_model: Path) -> str:
+    return model_fingerprint(str(tiny_model), "float32")
 
 
 def _prompts(count: int, salt: int) -> list[list[int]]:
@@ -106,26 +110,33 @@ def _workers(process: CoordinatorProcess) -> list[control_pb2.WorkerInfo]:
 def _run_and_notice(
     process: CoordinatorProcess,
     prompts: list[list[int]],
+    references: list[list[int]],
+    store: RedisStore,
+    fingerprint: str,
     prefix: str,
     notice: Callable[[], None],
 ) -> list[StreamTrace]:
-    """Streams ``prompts`` through the coordinator; once all of them are past
-    NOTICE_AFTER_TOKENS, calls ``notice()``; returns when every stream has ended."""
+    """Streams ``prompts`` through the coordinator; once the worker has stored every
+    stream's first KV chunk (read from Redis: the client's count can lag the worker's by
+    hundreds of tokens when the relay of 32 streams falls behind on a busy machine), calls
+    ``notice()``; returns when every stream has ended."""
     traces = [StreamTrace(f"{prefix}-{i}") for i in range(len(prompts))]
     threads = read_streams(process.inference, traces, prompts, MAX_TOKENS)
+    first_chunks = [
+        block_hashes(fingerprint, prompt + reference[: BLOCK_TOKENS - len(prompt)], BLOCK_TOKENS)[0]
+        for prompt, reference in zip(prompts, references, strict=True)
+    ]
     wait_until(
         lambda: (
-            all(len(t.token_ids) > NOTICE_AFTER_TOKENS for t in traces)
+            all(store.blocks_present(first_chunks))
             or any(t.finish_reason or t.error for t in traces)
         ),
-        f"every stream past {NOTICE_AFTER_TOKENS} tokens",
+        "every stream's first KV chunk in Redis",
         timeout=WAIT_SECONDS,
     )
     notice()
-    served_at_notice = [len(t.token_ids) for t in traces]
     assert not any(t.finish_reason or t.error for t in traces), "ended before the notice"
     join_all(threads)
-    assert all(n > NOTICE_AFTER_TOKENS for n in served_at_notice)
     return traces
 
 
@@ -159,9 +170,17 @@ def _check_roles(process: CoordinatorProcess) -> None:
 
 
 def test_aws_notice_migrates_32_streams_with_nothing_recomputed(
-    tiny_model: Path, redis_server: RedisServer, standby_node: Node, tmp_path: Path
+    tiny_model: Path,
+    redis_server: RedisServer,
+    standby_node: Node,
+    store: RedisStore,
+    fingerprint: str,
+    tmp_path: Path,
 ) -> None:
-    prompts = _prompts(STREAMS, salt=0)
+    # Not test_abrupt_loss_32's prompts (salt 0): its greedy run leaves the same content-
+    # addressed chunks in the package's Redis, and the notice would come before any stream
+    # of this test filled one.
+    prompts = _prompts(STREAMS, salt=240)
     references = offline_reference(tiny_model, prompts, MAX_TOKENS, MAX_MODEL_LEN, tmp_path)
     with ExitStack() as stack:
         source = _source_node(stack, tiny_model, redis_server.url, tmp_path / "a")
@@ -176,7 +195,9 @@ def test_aws_notice_migrates_32_streams_with_nothing_recomputed(
                 "time": iso_utc(time.time() + AWS_NOTICE_SECONDS),
             }
 
-        traces = _run_and_notice(process, prompts, "notice-32", announce)
+        traces = _run_and_notice(
+            process, prompts, references, store, fingerprint, "notice-32", announce
+        )
         _check_migrated(traces, references)
         # Staged: every stream (past its first full block) was on B before A paused.
         for trace in traces:
@@ -189,7 +210,12 @@ def test_aws_notice_migrates_32_streams_with_nothing_recomputed(
 
 
 def test_inject_notice_has_the_daemon_flush_and_the_streams_migrate(
-    tiny_model: Path, redis_server: RedisServer, standby_node: Node, tmp_path: Path
+    tiny_model: Path,
+    redis_server: RedisServer,
+    standby_node: Node,
+    store: RedisStore,
+    fingerprint: str,
+    tmp_path: Path,
 ) -> None:
     prompts = _prompts(4, salt=5)
     references = offline_reference(tiny_model, prompts, MAX_TOKENS, MAX_MODEL_LEN, tmp_path)
@@ -212,7 +238,7 @@ def test_inject_notice_has_the_daemon_flush_and_the_streams_migrate(
             )
 
         asked_at = time.time()
-        traces = _run_and_notice(process, prompts, "inject", inject)
+        traces = _run_and_notice(process, prompts, references, store, fingerprint, "inject", inject)
         _check_migrated(traces, references)
         _check_roles(process)
         assert asked_at + 60 <= answers[0].deadline_unix <= time.time() + 60

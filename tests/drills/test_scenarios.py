@@ -10,10 +10,19 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from common.channels import PLAINTEXT, TransportConfig, sync_channel
+from protos.spotinfer.v1 import common_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 from spotinfer.drills.report import ClusterEvent
-from spotinfer.drills.runner import DrillOptions, DrillOutcome, plan, run_drill
+from spotinfer.drills.runner import (
+    PREEMPTION_EVENTS,
+    DrillOptions,
+    DrillOutcome,
+    plan,
+    run_drill,
+)
 from spotinfer.loadgen import RequestTrace
 from spotinfer.local.cluster import ClusterConfig, LocalCluster
 
@@ -63,6 +72,61 @@ def _assert_invariants(outcome: DrillOutcome, zero_recompute: bool) -> None:
     assert outcome.png is not None and outcome.png.read_bytes()[:4] == b"\x89PNG"
 
 
+def _moved_off(traces: list[RequestTrace], worker: str) -> int:
+    """Requests that had tokens from `worker` and finished elsewhere."""
+    return sum(
+        1
+        for t in traces
+        if worker in t.token_workers and t.token_workers and t.token_workers[-1] != worker
+    )
+
+
+def _code(call: object) -> grpc.StatusCode:
+    try:
+        for _ in call:  # type: ignore[attr-defined]
+            break
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[attr-defined, no-any-return]
+    return grpc.StatusCode.OK
+
+
+def _generate(address: str, transport: TransportConfig, api_key: str) -> grpc.StatusCode:
+    request = common_pb2.GenerateRequest(prompt_token_ids=[1, 2, 3])
+    with sync_channel(address, transport=transport, api_key=api_key) as channel:
+        return _code(inference_pb2_grpc.InferenceStub(channel).Generate(request, timeout=10))
+
+
+def _worker_stats(address: str, transport: TransportConfig) -> grpc.StatusCode:
+    with sync_channel(address, transport=transport) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        try:
+            stub.Stats(worker_pb2.StatsRequest(), timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[attr-defined, no-any-return]
+    return grpc.StatusCode.OK
+
+
+def _assert_secure(cluster: LocalCluster) -> None:
+    """The drill ran with TLS, mutual TLS and API keys on, and still does (after a restart
+    too): the coordinator refuses plaintext and a call without a key, and every live worker
+    refuses a client without a cluster certificate."""
+    assert cluster.config.secure and cluster.api_key
+    coordinator = cluster.coordinator.address
+    unavailable = grpc.StatusCode.UNAVAILABLE
+    assert _generate(coordinator, PLAINTEXT, cluster.api_key) == unavailable
+    keyless = _generate(coordinator, cluster.client_transport, "")
+    assert keyless == grpc.StatusCode.UNAUTHENTICATED
+    # A node the drill noticed, stopped or killed may be going down right now (its grace
+    # timer, its own stop once its requests moved): only the others are asked.
+    gone = {e.target for e in cluster.events if e.kind in PREEMPTION_EVENTS}
+    live = [node for node in cluster.nodes.values() if node.alive and node.name not in gone]
+    assert live, "a node to check"
+    for node in live:
+        address = node.worker.address
+        assert _worker_stats(address, cluster.client_transport) == unavailable
+        assert _worker_stats(address, cluster.operator_transport) == grpc.StatusCode.OK
+
+
 def _notices(cluster: LocalCluster) -> list[ClusterEvent]:
     return [e for e in cluster.events if e.kind == "notice"]
 
@@ -89,23 +153,85 @@ def test_notice(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-unt
     )
     _assert_invariants(outcome, zero_recompute=True)
     assert outcome.report.migrations == 8, "every in-flight request migrated"
+    _assert_secure(cluster)
 
 
 def test_notice_in_gcp_format(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    cluster = cluster_factory(cloud="gcp")
+    """A GCP notice is only TRUE: the VMs are given a 6 s notice length (told to their
+    daemons), which the drill's time scale does not shorten, and every request moves."""
+    cluster = cluster_factory(cloud="gcp", notice_seconds=6.0)
     outcome = _drill(
         cluster, tmp_path, scenario="notice", requests=6, output_tokens=(600, 600), time_scale=0.2
     )
     _assert_invariants(outcome, zero_recompute=True)
     assert outcome.report.migrations == 6
+    assert any("daemon's 6 s, not scaled" in note for note in outcome.report.notes)
+    with pytest.raises(ValueError, match="carries no deadline"):
+        _drill(cluster, tmp_path, scenario="notice", requests=1, grace_seconds=10.0)
+
+
+def test_sigterm(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A worker stopped by its service manager moves its requests as on a notice (a short
+    grace, as the notice drill's: the requests must still be running when they move)."""
+    cluster = cluster_factory(worker_flags=("--drain-grace-seconds", "6"))
+    outcome = _drill(cluster, tmp_path, scenario="sigterm", requests=8, output_tokens=(600, 600))
+    _assert_invariants(outcome, zero_recompute=True)
+    (stopped,) = [e.target for e in cluster.events if e.kind == "sigterm"]
+    assert outcome.report.migrations == _moved_off(outcome.traces, stopped) > 0
+
+
+def test_drain(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """An operator's Control.Drain moves the worker's requests as a notice does."""
+    cluster = cluster_factory()
+    outcome = _drill(
+        cluster, tmp_path, scenario="drain", requests=8, output_tokens=(600, 600), time_scale=0.05
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    (drained,) = [e.target for e in cluster.events if e.kind == "drain"]
+    assert outcome.report.migrations == _moved_off(outcome.traces, drained) > 0
+
+
+def test_scale_in(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The auto scaling group terminates a node (AWS target lifecycle state): no spot notice,
+    and still every request on it migrates with nothing recomputed."""
+    cluster = cluster_factory(cloud="aws", lifecycle_drain_seconds=6.0)
+    outcome = _drill(cluster, tmp_path, scenario="scale-in", requests=8, output_tokens=(600, 600))
+    _assert_invariants(outcome, zero_recompute=True)
+    (scaled,) = [e.target for e in cluster.events if e.kind == "scale-in"]
+    assert outcome.report.migrations == _moved_off(outcome.traces, scaled) > 0
+    imds = cluster.nodes[scaled].metadata
+    assert imds.seen("GET", "/latest/meta-data/autoscaling/target-lifecycle-state")
+    assert imds.instance_action is None, "no spot notice was given"
+
+
+def test_azure_preempt_is_approved_after_the_flush(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(cloud="azure")
+    outcome = _drill(
+        cluster, tmp_path, scenario="notice", requests=6, output_tokens=(600, 600), time_scale=0.2
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    (noticed,) = [e.target for e in _notices(cluster)]
+    events = cluster.nodes[noticed].metadata
+    (event,) = events.events
+    assert events.approved == [event["EventId"]]
+    # Once, and only once the flush had saved every request: each migrated with nothing
+    # recomputed (the order against the flush itself: tests/context_daemon/test_handoff.py).
+    assert len(events.seen("POST", "/metadata/scheduledevents")) == 1
+    assert outcome.report.migrations == _moved_off(outcome.traces, noticed) > 0
 
 
 def test_abrupt(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     cluster = cluster_factory()
-    outcome = _drill(cluster, tmp_path, scenario="abrupt", requests=8, output_tokens=(400, 400))
+    # The kill lands half a KV chunk past the requests' first 256-token chunk (352 new
+    # tokens for the drill's 32-96-token prompts), with room for a request that runs ahead.
+    outcome = _drill(cluster, tmp_path, scenario="abrupt", requests=8, output_tokens=(700, 700))
     _assert_invariants(outcome, zero_recompute=False)
     assert outcome.report.recoveries == 8
     assert outcome.report.recompute_bound_violations == 0
+    recovered = [e for t in outcome.traces for e in t.events if e.kind == "recovered"]
+    assert any(e.loaded_tokens >= 256 for e in recovered), "a recovery loaded a stored chunk"
+    assert not [n for n in outcome.report.notes if "KV chunk" in n]
+    _assert_secure(cluster)
 
 
 def test_redis_restart(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -124,6 +250,7 @@ def test_coordinator_restart(cluster_factory, tmp_path: Path) -> None:  # type: 
     )
     _assert_invariants(outcome, zero_recompute=False)
     assert any(t.reattached for t in outcome.traces), "the clients' streams really broke"
+    _assert_secure(cluster)
 
 
 def test_storm(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

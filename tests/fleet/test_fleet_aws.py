@@ -1,15 +1,16 @@
 """The fleet as Terraform deploys it on AWS, rehearsed: Redis (TLS + AUTH), a coordinator and
-three nodes booted by the rendered user data and run by their units, a client in its own VM.
+three nodes booted by the rendered user data (their TLS bundle, API keys and KV MAC keyring
+fetched from Secrets Manager) and run by their units, a client in its own VM.
 
 One fleet serves the module, in order: from nothing, a notice, a node booting mid-run, a
-partition, a coordinator restart.
+partition, a node that loses Redis, a coordinator restart.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,30 +18,21 @@ import pytest
 
 from protos.spotinfer.v1 import control_pb2
 from spotinfer.rehearsal.fleet import COORDINATOR_UNITS, Rehearsal
-from spotinfer.rehearsal.streams import Streams, plan, run_streams, verdict
+from spotinfer.rehearsal.streams import Streams, plan, verdict
 from tests.fleet.fleet_support import (
-    NOTICE_AFTER_TOKENS,
     NOTICE_OUTPUT,
     VOCAB_SIZE,
+    assert_moved_without_recompute,
     booted_fleet,
     busiest,
-    every_stream_past,
     greedy,
     notice_streams,
+    on_node_at,
     wait_for,
+    wait_mid_stream,
 )
 
-pytestmark = [
-    pytest.mark.usefixtures("namespaces"),
-    # Not yet run by default: the rehearsal's boot does not provision the TLS bundle, the API
-    # keys and the KV MAC keyring that the boot templates and the store now require off
-    # loopback, and the notice and coordinator-restart tests were not yet stable.
-    pytest.mark.skipif(
-        os.environ.get("SPOTINFER_TEST_REHEARSAL") != "1",
-        reason="the fleet rehearsal does not yet boot with TLS, keys and the KV MAC keyring; "
-        "set SPOTINFER_TEST_REHEARSAL=1 to run it",
-    ),
-]
+pytestmark = pytest.mark.usefixtures("namespaces")
 
 PARTITION_SECONDS = 10.0
 LONG_OUTPUT = (160, 200)  # long enough to be mid-stream when the disturbance comes
@@ -62,7 +54,7 @@ def test_from_nothing_three_nodes_register_and_serve_16_streams_exactly_once(
     assert {vm.worker_id for vm in fleet.nodes} <= set(known)
     assert all(vm.worker_id.startswith("i-0") for vm in fleet.nodes)
     planned = plan(16, "from-nothing", VOCAB_SIZE)
-    traces = run_streams(fleet.coordinator_target, planned)
+    traces = fleet.run_streams(planned)
     result = verdict(traces, greedy(fleet, planned))
     assert result.requests == 16
     assert result.problems() == []
@@ -75,31 +67,29 @@ def test_an_aws_notice_migrates_the_nodes_requests_with_nothing_recomputed(
 ) -> None:
     count = notice_streams(fleet)
     planned = plan(count, "aws-notice", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
-    streams = Streams(fleet.coordinator_target, planned).start()
-    wait_for(lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count), 120, "mid-stream")
+    streams = fleet.streams(planned).start()
+    wait_mid_stream(fleet, streams, count)
     noticed = busiest(fleet, streams.live)
+    on_it = on_node_at(streams, noticed)
     fleet.notice(noticed)
     traces = streams.join()
     result = verdict(traces, greedy(fleet, planned))
     assert result.problems(zero_recompute=True) == [], fleet.logs_tail()
-    assert result.migrations >= 1, fleet.logs_tail()
-    # A request that was done before its move finishes where it was; every moved one ends
-    # on another node.
-    moved = [t for t in traces if any(e.kind == "migrated" for e in t.events)]
-    assert moved and all(t.token_workers[-1] != noticed.worker_id for t in moved)
-    assert all(noticed.worker_id in t.token_workers for t in moved)
+    others = {vm.worker_id for vm in fleet.nodes} - {noticed.worker_id}
+    events = assert_moved_without_recompute(traces, noticed, on_it, others)
+    assert result.migrations == len(events)  # nothing else moved
     fleet.terminate(noticed)  # the end of the grace period
 
 
 def test_a_node_booted_mid_run_takes_load_with_no_coordinator_change(fleet: Rehearsal) -> None:
     coordinator = fleet.coordinator.services[COORDINATOR_UNITS[0]]
     starts_before = len(coordinator.starts)
-    first = Streams(fleet.coordinator_target, plan(6, "mid-run-a", VOCAB_SIZE, LONG_OUTPUT))
+    first = fleet.streams(plan(6, "mid-run-a", VOCAB_SIZE, LONG_OUTPUT))
     first.start()
     new = fleet.add_node()
-    fleet.wait_registered([new], timeout_seconds=240)
+    fleet.wait_registered([new], timeout_seconds=300)
     second = plan(8, "mid-run-b", VOCAB_SIZE)
-    traces = run_streams(fleet.coordinator_target, second)
+    traces = fleet.run_streams(second)
     earlier = first.join()
     result = verdict(traces + earlier, greedy(fleet, second + first.planned))
     assert result.problems() == [], fleet.logs_tail()
@@ -112,8 +102,8 @@ def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
 ) -> None:
     count = notice_streams(fleet)
     planned = plan(count, "partition", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
-    streams = Streams(fleet.coordinator_target, planned).start()
-    wait_for(lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count), 120, "mid-stream")
+    streams = fleet.streams(planned).start()
+    wait_mid_stream(fleet, streams, count)
     cut = busiest(fleet, streams.live)
     fleet.partition(cut)
     partitioned_at = time.perf_counter()
@@ -127,9 +117,7 @@ def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
     )
     healed.start()
     while not back.is_set():  # a new request every half second until it is known again
-        probes.append(
-            Streams(fleet.coordinator_target, plan(1, f"probe-{len(probes)}", VOCAB_SIZE))
-        )
+        probes.append(fleet.streams(plan(1, f"probe-{len(probes)}", VOCAB_SIZE)))
         probes[-1].start()
         time.sleep(0.5)
         if healed.finished.is_set() and _state(fleet, cut.worker_id) == "ready":
@@ -148,27 +136,64 @@ def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
     assert all(t.token_workers[0] != cut.worker_id for t in before_return)
 
 
+def test_a_worker_that_loses_redis_takes_no_new_request_until_it_reaches_it_again(
+    fleet: Rehearsal,
+) -> None:
+    # What the product does: the worker's token committer finds Redis silent (its commits,
+    # or its ping when idle, time out) and its Stats say degraded; the coordinator marks it
+    # DEGRADED and places nothing new there (nor moves anything to it). What it runs goes
+    # on, its tokens held in memory and written once Redis answers again.
+    count = notice_streams(fleet)
+    planned = plan(count, "redis-cut", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
+    streams = fleet.streams(planned).start()
+    wait_mid_stream(fleet, streams, count)
+    cut = busiest(fleet, streams.live)
+    fleet.cut_off_redis(cut)
+    try:
+        wait_for(lambda: _state(fleet, cut.worker_id) == "degraded", 60, "marked degraded")
+        assert _state(fleet, cut.worker_id) == "degraded"  # it still answers the coordinator
+        while_cut = plan(6, "redis-cut-new", VOCAB_SIZE)
+        new_traces = fleet.run_streams(while_cut)
+        assert _state(fleet, cut.worker_id) == "degraded", "Redis came back by itself?"
+    finally:
+        fleet.reconnect_redis(cut)
+    wait_for(lambda: _state(fleet, cut.worker_id) == "ready", 60, "ready once Redis answers")
+    traces = streams.join()
+    result = verdict(traces + new_traces, greedy(fleet, planned + while_cut))
+    assert result.problems() == [], fleet.logs_tail()
+    assert all(cut.worker_id not in t.token_workers for t in new_traces)
+    # Its own streams usually finish on it; once in a full suite run they all moved instead
+    # (not yet explained). Either way each completed exactly once, equal to greedy (above).
+    if not any(t.token_workers[-1] == cut.worker_id for t in traces):
+        warnings.warn(
+            f"no stream finished on {cut.worker_id} while Redis was cut: they moved",
+            stacklevel=1,
+        )
+
+
 def test_a_restarted_coordinator_knows_every_node_within_one_lease_interval(
     fleet: Rehearsal,
 ) -> None:
     count = notice_streams(fleet)
     planned = plan(count, "restart", VOCAB_SIZE, output_tokens=NOTICE_OUTPUT)
-    streams = Streams(fleet.coordinator_target, planned).start()
-    wait_for(lambda: every_stream_past(streams, NOTICE_AFTER_TOKENS, count), 120, "mid-stream")
+    streams = fleet.streams(planned).start()
+    wait_mid_stream(fleet, streams, count)
     nodes = {vm.worker_id for vm in fleet.nodes if vm.services}
     fleet.restart_coordinator()
     wait_for(lambda: not fleet.known_workers(), 30, "the coordinator to go")
-    wait_for(lambda: fleet.coordinator_serving(), 60, "its unit to start it again")
+    wait_for(fleet.coordinator_answers, 60, "its unit to start it again")
     relearnt = wait_for(lambda: nodes <= set(fleet.known_workers()), 60, "every node known again")
     assert relearnt <= fleet.config.lease_interval_seconds + 1.0
     traces = streams.join()
     result = verdict(traces, greedy(fleet, planned))
     lost = [
         (t.request_id, t.error_code, t.finish_reason, len(t.token_ids), t.reattached,
-         t.resubmitted, [(e.kind, e.detail) for e in t.events])
+         t.resubmitted, [(e.kind, e.from_worker, e.to_worker, e.detail) for e in t.events])
         for t in traces if t.request_id in result.lost
     ]  # fmt: skip
-    assert result.exactly_once and not result.mismatches, (result.problems(), lost)
+    assert result.exactly_once and not result.mismatches, "\n".join(
+        [*result.problems(), *map(repr, lost[:3]), fleet.logs_tail(2000)]
+    )
 
 
 def _state(fleet: Rehearsal, worker_id: str) -> str:

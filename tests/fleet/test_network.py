@@ -47,6 +47,25 @@ def test_vms_reach_each_other_until_partitioned(tmp_path: Path) -> None:
         assert b.address not in subprocess.run(["ip", "addr"], capture_output=True).stdout.decode()
 
 
+def test_a_vm_cut_off_from_one_address_still_reaches_the_others() -> None:
+    with Network() as net:
+        node, redis_vm, coord = net.add_host("node"), net.add_host("redis"), net.add_host("coord")
+        servers = []
+        for vm, port in ((redis_vm, 7010), (coord, 7011)):
+            with vm.entered():
+                servers.append(socket.create_server((vm.address, port)))
+        try:
+            net.cut_off(node, redis_vm.address)
+            assert not tcp_reaches(node.command([]), redis_vm.address, 7010)
+            assert tcp_reaches(node.command([]), coord.address, 7011)
+            assert tcp_reaches(coord.command([]), redis_vm.address, 7010)  # only node's packets
+            net.reconnect(node, redis_vm.address)
+            assert tcp_reaches(node.command([]), redis_vm.address, 7010)
+        finally:
+            for server in servers:
+                server.close()
+
+
 def test_each_vm_has_its_own_metadata_service_at_the_real_address() -> None:
     with Network() as net:
         vms = [net.add_host("n1"), net.add_host("n2")]
@@ -117,7 +136,7 @@ def test_everything_goes_when_the_block_fails_and_leftovers_are_swept() -> None:
     with pytest.raises(RuntimeError, match="boom"), Network() as net:
         vm = net.add_host("x")
         sleeper = subprocess.Popen(vm.command(["sleep", "60"]))  # noqa: S603
-        made = set(list_namespaces())
+        made = {name for name in list_namespaces() if name.startswith(net.tag)}
         raise RuntimeError("boom")
     assert sleeper.wait(5) != 0
     assert not made & set(list_namespaces())

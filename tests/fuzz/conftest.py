@@ -19,6 +19,7 @@ from protos.spotinfer.v1 import control_pb2
 from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import greedy, health_of, start_coordinator
+from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until
 
 WORKER_ID = "fuzz-w0"
@@ -78,15 +79,18 @@ class FuzzCluster:
 
 @pytest.fixture(scope="package")
 def fuzz_cluster(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
 ) -> Iterator[FuzzCluster]:
     log_dir = tmp_path_factory.mktemp("fuzz-logs")
     worker = WorkerProcess(tiny_model, *WORKER_FLAGS, log_dir=log_dir)
     coordinator: CoordinatorProcess | None = None
     try:
         worker.start()
+        # With a store: the Batch API's routes are fuzzed for real, not only refused.
         coordinator = start_coordinator(
-            "--worker", worker.address, "--model", str(tiny_model), log_dir=log_dir
+            *("--worker", worker.address, "--model", str(tiny_model)),
+            *("--redis-url", redis_server.url),
+            log_dir=log_dir,
         )
         for request_id in FINISHED_REQUEST_IDS:
             list(coordinator.inference.Generate(greedy([1, 2, 3], 2, request_id), timeout=60))

@@ -21,6 +21,7 @@ from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import assemble, greedy, start_coordinator
 from tests.metrics.scrape import Scrape, scrape
 from tests.support.redis_server import RedisServer
+from worker.constants import DEFAULT_KV_CHUNK_TOKENS
 
 PROMPT_IDS = [7, 11, 13, 17, 19, 23, 29, 31] * 5  # 40 tokens
 MAX_TOKENS = 600  # prompt + output spans 5 KV blocks of 128 tokens: blocks get persisted
@@ -152,7 +153,8 @@ def test_counters_move_as_requests_flow(cluster: Cluster) -> None:
     deadline = time.monotonic() + WAIT_SECONDS
     w0 = before["worker"]
     worker = scrape(cluster.worker.metrics_url)
-    full_blocks = REQUESTS * ((len(PROMPT_IDS) + MAX_TOKENS - 1) // 128)
+    # Persisted in chunks (one stored value per DEFAULT_KV_CHUNK_TOKENS filled tokens).
+    full_blocks = REQUESTS * ((len(PROMPT_IDS) + MAX_TOKENS - 1) // DEFAULT_KV_CHUNK_TOKENS)
     while (
         worker.value("spotinfer_worker_kv_persisted_blocks_total") < full_blocks
         and time.monotonic() < deadline

@@ -13,7 +13,6 @@ import pytest
 from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.metadata_servers import MetadataServer
 from spotinfer.local.worker_process import WorkerProcess
-from store import RedisStore
 from tests.resume.conftest import MAX_MODEL_LEN
 from tests.support.redis_server import RedisServer
 
@@ -43,13 +42,6 @@ class Node:
     worker: WorkerProcess
     daemon: DaemonProcess
     metadata: MetadataServer
-
-
-@pytest.fixture
-def store(redis_server: RedisServer) -> Iterator[RedisStore]:
-    store = RedisStore.from_url(redis_server.url)
-    yield store
-    store.close()
 
 
 @pytest.fixture(scope="package")

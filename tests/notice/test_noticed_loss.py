@@ -38,9 +38,9 @@ from tests.support.wait import wait_until
 # TOKENS_BEFORE_NOTICE and must be acted on before the rest of MAX_TOKENS is generated.
 MAX_TOKENS = 900
 PROMPT_TOKENS = 50
-# Past the first full block already; by the time the pause lands the context holds full
-# blocks and a partial tail (checked).
-TOKENS_BEFORE_NOTICE = 150
+# Past the first full chunk already; by the time the pause lands the context holds full
+# chunks and a partial tail (checked).
+TOKENS_BEFORE_NOTICE = BLOCK_TOKENS - PROMPT_TOKENS + 22
 AWS_NOTICE_SECONDS = 120.0
 
 

@@ -36,4 +36,5 @@ def test_public_contract_names() -> None:
         "sampling",
         "sla_class",
         "tenant",
+        "priority",
     }

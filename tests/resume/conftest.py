@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 
 from spotinfer.local.worker_process import WorkerProcess
-from store import RedisStore
 from tests.support.redis_server import RedisServer
+from worker.constants import DEFAULT_KV_CHUNK_TOKENS
 
 MAX_MODEL_LEN = 1024
-BLOCK_TOKENS = 128  # vLLM-CPU's KV block size
+# The store's unit: one stored value is a chunk of this many tokens (the worker's default
+# kv_chunk_tokens, two of vLLM-CPU's 128-token blocks); block hashes, persisted "blocks" and
+# loaded tokens count in it.
+BLOCK_TOKENS = DEFAULT_KV_CHUNK_TOKENS
 
 
 def worker_flags(redis_url: str) -> tuple[str, ...]:
@@ -29,13 +32,6 @@ def worker_flags(redis_url: str) -> tuple[str, ...]:
         "--kv-persist-policy",
         "eager",
     )
-
-
-@pytest.fixture
-def store(redis_server: RedisServer) -> Iterator[RedisStore]:
-    store = RedisStore.from_url(redis_server.url)
-    yield store
-    store.close()
 
 
 @pytest.fixture(scope="package")

@@ -123,6 +123,8 @@ def test_abrupt_loss_resumes_on_another_worker_with_identical_output(
         lambda: persisted_blocks(store, fingerprint, prompt + received + resumed) == full_blocks,
         "every full block of the resumed request in Redis",
     )
+    # No coordinator here: the test says what one would once its client got the end.
+    store.release_request(request_id)
     wait_until(lambda: not store.keys_for_request(request_id), "the finished request's keys gone")
     reference = generate(standby, greedy_request("abrupt-loss-reference", prompt, MAX_TOKENS))
     assert received + resumed == reference
@@ -178,8 +180,8 @@ def test_resume_of_an_unknown_request_is_not_found(standby: WorkerProcess) -> No
     assert error.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-@pytest.mark.parametrize("case", ["finished", "other-model"])
-def test_resume_refused_for_an_ended_or_foreign_request(
+@pytest.mark.parametrize("case", ["cancelled", "other-model"])
+def test_resume_refused_for_a_cancelled_or_foreign_request(
     case: str, redis_server: RedisServer, standby: WorkerProcess, fingerprint: str
 ) -> None:
     retaining = RedisStore.from_url(redis_server.url, config=StoreConfig(retention_seconds=600))
@@ -188,7 +190,7 @@ def test_resume_refused_for_an_ended_or_foreign_request(
         retaining.create_request(
             RequestRecord(
                 request_id=request_id,
-                model_fingerprint=fingerprint if case == "finished" else "another-model",
+                model_fingerprint=fingerprint if case == "cancelled" else "another-model",
                 prompt_token_ids=(40, 41, 42),
                 sampling_params={"max_tokens": 8, "temperature": 0.0},
                 kv_block_tokens=BLOCK_TOKENS,
@@ -196,11 +198,44 @@ def test_resume_refused_for_an_ended_or_foreign_request(
                 owner_worker_id="worker-gone",
             )
         )
-        if case == "finished":
-            retaining.finish_request(request_id)
+        if case == "cancelled":
+            retaining.finish_request(request_id, RequestStatus.CANCELLED)
         with pytest.raises(grpc.RpcError) as error:
             list(standby.stub.Resume(worker_pb2.ResumeRequest(request_id=request_id), timeout=60))
         assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     finally:
         retaining.delete_request(request_id)
         retaining.close()
+
+
+def test_resume_of_a_finished_request_replays_what_the_client_lacks(
+    redis_server: RedisServer, standby: WorkerProcess, fingerprint: str
+) -> None:
+    """It finished before its caller got the end (the store keeps it until someone does):
+    the rest of its output and its end, from the store, with no engine step."""
+    store = RedisStore.from_url(redis_server.url, config=StoreConfig())
+    request_id = "finished-unseen"
+    try:
+        store.create_request(
+            RequestRecord(
+                request_id=request_id,
+                model_fingerprint=fingerprint,
+                prompt_token_ids=(40, 41, 42),
+                sampling_params={"max_tokens": 8, "temperature": 0.0},
+                kv_block_tokens=BLOCK_TOKENS,
+                status=RequestStatus.RUNNING,
+                owner_worker_id="worker-gone",
+            )
+        )
+        store.commit(request_id, 0, [5, 6, 7, 8, 9])
+        store.finish_request(request_id, RequestStatus.FINISHED, "STOP")
+        responses = list(
+            standby.stub.Resume(
+                worker_pb2.ResumeRequest(request_id=request_id, from_index=2), timeout=60
+            )
+        )
+        assert [(r.index, list(r.token_ids)) for r in responses] == [(2, [7, 8, 9])]
+        assert responses[-1].finish_reason == common_pb2.FINISH_REASON_STOP
+    finally:
+        store.delete_request(request_id)
+        store.close()

@@ -116,3 +116,19 @@ async def test_redis_back_empty_gets_record_and_every_token_again(
     committer.finish("outage", RequestStatus.FINISHED)
     await committer.close(WAIT_SECONDS)
     assert store.get_request("outage").status == RequestStatus.FINISHED
+
+
+async def test_an_idle_committer_says_when_its_redis_stops_answering(
+    own_redis_server: RedisServer, store: RedisStore
+) -> None:
+    # Nothing to write: only the committer's own ping can find out (and the coordinator then
+    # gives this worker no request it could not persist).
+    committer = TokenCommitter(store, "worker-x", RETRY_SECONDS)
+    committer.start()
+    await asyncio.sleep(RETRY_SECONDS * 3)
+    assert not committer.degraded
+    await asyncio.to_thread(own_redis_server.kill)
+    await wait_until_async(lambda: committer.degraded, "degraded while idle", WAIT_SECONDS)
+    await asyncio.to_thread(own_redis_server.restart)
+    await wait_until_async(lambda: not committer.degraded, "back once it answers", WAIT_SECONDS)
+    await committer.close(WAIT_SECONDS)

@@ -4,7 +4,8 @@ persisting to a locked-down Redis (TLS, the worker's ACL user, the cluster keyri
 Worker A generates for tenant "a" until two blocks are stored and is SIGKILLed. Then:
 (a) block 1 is altered in Redis — one payload byte, CRC recomputed to match — and the resume
     refuses it by its MAC: block 0 loads, block 1 on is recomputed, the output is the
-    uninterrupted one, and the worker's MAC counter is up by one;
+    uninterrupted one, the worker's MAC counter is up by one and the RECOVERED event says
+    one block was refused by its MAC;
 (b) the same request under tenant "b" (same prompt, same committed tokens) loads nothing:
     tenant b's content addresses are not tenant a's, although a's blocks are there.
 """
@@ -186,6 +187,8 @@ def test_a_block_altered_with_a_matching_crc_is_refused_by_its_mac_and_recompute
     assert event.loaded_tokens == BLOCK_TOKENS  # block 0; block 1 on is recomputed
     assert event.recomputed_tokens == context_tokens - BLOCK_TOKENS - 1
     assert "rejected (mac)" in standby.output
+    # The resume's event says it too (the drill report and the client's stream show it).
+    assert "1 stored block refused by its MAC (recomputed)" in event.detail, event.detail
     wait_until(
         lambda: scrape(standby.metrics_url).value(MAC_COUNTER) == before + 1,
         "the MAC counter up by one",
@@ -211,3 +214,4 @@ def test_tenant_b_never_loads_tenant_a_blocks_of_the_same_prompt(
     assert resumed == reference
     assert event.loaded_tokens == 0, "tenant b loaded KV that tenant a stored"
     assert event.recomputed_tokens == len(PROMPT) + len(killed.committed) - 1
+    assert "MAC" not in event.detail, "a block of another tenant is not looked up, not refused"

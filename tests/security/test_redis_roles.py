@@ -114,14 +114,19 @@ def test_the_worker_user_persists_and_loads_but_reaches_nothing_else(
     assert admin.exists(keys.request_meta_key(request_id))  # no FLUSHALL went through
 
 
-def test_the_coordinator_keeps_route_records_and_only_reads_request_records(
+def test_the_coordinator_keeps_route_records_and_cannot_commit_tokens(
     secure_redis: RedisProcess, stores: dict[Role, RedisStore]
 ) -> None:
     request_id, _ = _persisted(stores[Role.WORKER])
     coordinator = stores[Role.COORDINATOR]
     assert coordinator.get_request(request_id).request_id == request_id  # adoption reads it
-    with pytest.raises(StoreError, match="NOPERM|no permissions"):
+    # Its scripts may not append a token (no APPEND for its user, inside a script too).
+    with pytest.raises(StoreError, match="NOPERM|no permissions|can't run this command"):
         coordinator.commit(request_id, 0, [1])
+    # A restarted coordinator replays a finished request's tokens, then releases its keys.
+    worker = stores[Role.WORKER]
+    assert coordinator.committed_tokens(request_id) == worker.committed_tokens(request_id)
+    assert coordinator.release_request(request_id)
     security = _security(secure_redis)
     route = RouteRecord(request_id, "c-1", "w-1", "running", "NONE", 3, "INTERACTIVE", 1)
 

@@ -34,8 +34,14 @@ class _Worker(worker_pb2_grpc.WorkerServicer):
             yield
 
 
+WORKER_NODE = "w0"
+
+
 async def _serve(transport: TransportConfig) -> tuple[grpc.aio.Server, str]:
-    server = async_server(0, interceptors=[AuthorizationInterceptor(WORKER_AUTHORIZATION)])
+    """The worker's table on a worker whose node (worker id) is WORKER_NODE."""
+    server = async_server(
+        0, interceptors=[AuthorizationInterceptor(WORKER_AUTHORIZATION, node=WORKER_NODE)]
+    )
     worker_pb2_grpc.add_WorkerServicer_to_server(_Worker(), server)
     port = listen(server, "127.0.0.1:0", transport)
     await server.start()
@@ -78,19 +84,72 @@ async def test_an_internal_service_refuses_clients_without_a_cluster_certificate
         await server.stop(0)
 
 
-async def test_a_worker_takes_preempt_only_from_the_coordinator_or_a_daemon(pki: Pki) -> None:
+def _daemon_of(pki: Pki, folder: Path, node: str) -> TransportConfig:
+    paths = make_node_cert(pki.ca, folder, f"{node}-daemon", "daemon", node=node)
+    return TransportConfig(str(pki.ca.cert), str(paths.cert), str(paths.key))
+
+
+async def test_a_worker_takes_preempt_only_from_the_coordinator_or_its_own_daemon(
+    pki: Pki, tmp_path: Path
+) -> None:
     server, address = await _serve(pki.transport("worker"))
+    own_daemon = _daemon_of(pki, tmp_path, WORKER_NODE)
+    other_daemon = _daemon_of(pki, tmp_path, "w1")
     try:
         assert await _preempt(address, pki.transport("coordinator")) == grpc.StatusCode.OK
-        assert await _preempt(address, pki.transport("daemon")) == grpc.StatusCode.OK
+        assert await _preempt(address, own_daemon) == grpc.StatusCode.OK
         denied = grpc.StatusCode.PERMISSION_DENIED
+        # Another node's daemon: a valid daemon certificate of the cluster, still refused,
+        # though it calls from this very machine.
+        assert await _preempt(address, other_daemon) == denied
         assert await _preempt(address, pki.transport("operator")) == denied
         assert await _preempt(address, pki.transport("worker")) == denied
-        # Stats: an operator may look; another worker may not.
+        # A daemon certificate naming no node (a fleet's shared bundle) proves no node: it
+        # is the own daemon only over a connection no other machine can open (loopback here).
+        assert await _preempt(address, pki.transport("daemon")) == grpc.StatusCode.OK
+        # Stats: an operator and any daemon may look; another worker may not.
         assert await _stats(address, pki.transport("operator")) == grpc.StatusCode.OK
+        assert await _stats(address, other_daemon) == grpc.StatusCode.OK
         assert await _stats(address, pki.transport("worker")) == denied
     finally:
         await server.stop(0)
+
+
+async def test_the_refusal_names_the_daemon_of_another_node(pki: Pki, tmp_path: Path) -> None:
+    server, address = await _serve(pki.transport("worker"))
+    try:
+        async with async_channel(address, transport=_daemon_of(pki, tmp_path, "w1")) as channel:
+            call = worker_pb2_grpc.WorkerStub(channel).Preempt(
+                worker_pb2.PreemptRequest(deadline_unix=1.0), timeout=TIMEOUT_SECONDS
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in call:
+                    pass
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "a daemon of another node" in (refused.value.details() or "")
+    finally:
+        await server.stop(0)
+
+
+@pytest.mark.parametrize(
+    ("peer_nodes", "peer_address", "own"),
+    [
+        ({"w0"}, "ipv4:10.0.0.7:5000", True),  # names this node: from anywhere
+        ({"w1"}, "ipv4:127.0.0.1:5000", False),  # names another: never, loopback or not
+        ({"w1"}, "unix:/run/spotinfer/worker.sock", False),
+        (set(), "ipv4:127.0.0.1:5000", True),  # names none: only a local connection
+        (set(), "ipv6:[::1]:5000", True),
+        (set(), "unix:/run/spotinfer/worker.sock", True),
+        (set(), "ipv4:10.0.0.7:5000", False),
+        (set(), "ipv6:[fd00::7]:5000", False),
+    ],
+)
+def test_which_daemon_is_of_the_own_node(
+    peer_nodes: set[str], peer_address: str, own: bool
+) -> None:
+    from common.authz import is_own_node
+
+    assert is_own_node(peer_nodes, WORKER_NODE, peer_address) is own
 
 
 async def test_the_redis_certificate_of_the_cluster_ca_holds_no_role(
@@ -211,13 +270,67 @@ async def test_an_api_key_travels_on_plaintext_channels_too(tmp_path: Path) -> N
 async def test_mutual_tls_works_over_a_unix_socket(pki: Pki, tmp_path: Path) -> None:
     """The daemon reaches its worker over a local socket; the certificate is checked as
     localhost there."""
-    server = async_server(0, interceptors=[AuthorizationInterceptor(WORKER_AUTHORIZATION)])
+    server = async_server(
+        0, interceptors=[AuthorizationInterceptor(WORKER_AUTHORIZATION, node=WORKER_NODE)]
+    )
     worker_pb2_grpc.add_WorkerServicer_to_server(_Worker(), server)
     address = f"unix:{tmp_path / 'worker.sock'}"
     listen(server, address, pki.transport("worker"))
     await server.start()
     try:
+        # A daemon certificate naming no node: local by the socket; one naming another node
+        # is refused here too.
         assert await _preempt(address, pki.transport("daemon")) == grpc.StatusCode.OK
+        other = _daemon_of(pki, tmp_path, "w1")
+        assert await _preempt(address, other) == grpc.StatusCode.PERMISSION_DENIED
         assert await _stats(address, pki.client_only()) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(0)
+
+
+async def test_a_renewed_client_certificate_is_presented_without_a_restart(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """One channel and one stub, made before the renewal: the certificate under the same
+    file names changes from an operator's (which may not preempt) to a coordinator's (which
+    may), and the next call shows the new one."""
+    from common.renewing_channel import RenewingChannel
+
+    live = tmp_path / "live"
+    live.mkdir()
+    operator = pki.nodes["operator"]
+    coordinator = make_node_cert(pki.ca, tmp_path / "renewed", "client", "coordinator")
+    shutil.copy(operator.cert, live / "client.pem")
+    shutil.copy(operator.key, live / "client.key")
+    transport = TransportConfig(
+        str(pki.ca.cert), str(live / "client.pem"), str(live / "client.key")
+    )
+    server, address = await _serve(pki.transport("worker"))
+
+    async def preempt(stub: worker_pb2_grpc.WorkerStub) -> grpc.StatusCode:
+        call = stub.Preempt(worker_pb2.PreemptRequest(deadline_unix=1.0), timeout=TIMEOUT_SECONDS)
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    try:
+        async with async_channel(address, transport=transport) as channel:
+            assert isinstance(channel, RenewingChannel)
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            assert await preempt(stub) == grpc.StatusCode.PERMISSION_DENIED
+            # Half way: the new key is in place, the certificate not yet. The old pair stays.
+            shutil.copy(coordinator.key, live / "client.key.new")
+            (live / "client.key.new").replace(live / "client.key")
+            assert await preempt(stub) == grpc.StatusCode.PERMISSION_DENIED
+            assert channel.generation == 0
+            shutil.copy(coordinator.cert, live / "client.pem.new")
+            (live / "client.pem.new").replace(live / "client.pem")
+            assert await preempt(stub) == grpc.StatusCode.OK
+            assert channel.generation == 1
+            stats = await stub.Stats(worker_pb2.StatsRequest(), timeout=TIMEOUT_SECONDS)
+            assert stats.worker_id == "w0"
     finally:
         await server.stop(0)

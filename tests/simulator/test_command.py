@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from spotinfer.cli import main
 from spotinfer.simulator.calibration import DATA_DIR
 
@@ -36,6 +38,15 @@ def test_run_writes_every_policy_with_on_demand_dearest(tmp_path: Path) -> None:
 def test_calibrate_reproduces_the_packaged_cpu_calibration(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
     assert main(["simulate", "calibrate", "--from-bench", str(BENCH), "--out", str(out)]) == 0
-    assert json.loads(out.read_text()) == json.loads(
-        (DATA_DIR / "calibration_cpu.json").read_text()
-    )
+    made = json.loads(out.read_text())
+    packaged = json.loads((DATA_DIR / "calibration_cpu.json").read_text())
+    # The same fit, up to the last bits of a float (least squares sums in the order of the
+    # installed numerics library).
+    assert {k: v for k, v in made.items() if k != "values"} == {
+        k: v for k, v in packaged.items() if k != "values"
+    }
+    assert made["values"].keys() == packaged["values"].keys()
+    for name, value in made["values"].items():
+        expected = packaged["values"][name]
+        assert value["source"] == expected["source"], name
+        assert value["value"] == pytest.approx(expected["value"], rel=1e-9), name

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from common.messages import PoolLabels, Registration
 from common.requests import Event, GenerationRequest, Sampling, SlaClass, TokenChunk
 from coordinator.admission import Admission, AdmissionLimits
+from coordinator.adoption import Adoption
 from coordinator.dispatcher import Dispatcher
 from coordinator.failover import FailoverPolicy
 from coordinator.metrics import CoordinatorMetrics
@@ -26,6 +27,7 @@ from coordinator.prompt_tokenizer import PromptTokenizer
 from coordinator.registry import Registry, WorkerEntry, WorkerRole
 from coordinator.relay import Relay
 from coordinator.request_table import RequestTable
+from coordinator.route_records import RouteRecord
 from coordinator.routing import RoutingPolicy
 from coordinator.standby_pool import StandbyPool
 from coordinator.worker_client import WorkerCapacity
@@ -38,6 +40,8 @@ LEASE_TTL_SECONDS = 2.0
 FINGERPRINT = "f" * 32
 RETENTION_SECONDS = 60.0
 CLOSE_TIMEOUT_SECONDS = 0.5
+COORDINATOR_ADDRESS = "127.0.0.1:50051"  # what route records call the cluster's coordinator
+ADOPT_PAUSE_WAIT_SECONDS = 0.2  # the wait for a RUNNING record to pause, kept short
 
 
 def make_request(
@@ -176,6 +180,17 @@ def make_admission(
 
 
 @dataclass
+class Routes:
+    """Route records in a dict (RouteRecords keeps them in Redis): what a coordinator that
+    went away had written."""
+
+    records: dict[str, RouteRecord] = field(default_factory=dict)
+
+    async def get(self, request_id: str) -> RouteRecord | None:
+        return self.records.get(request_id)
+
+
+@dataclass
 class Cluster:
     """A coordinator's core wired as `coordinator.server.Coordinator` wires it, around fake
     workers and daemons: no gRPC server, no process."""
@@ -190,6 +205,7 @@ class Cluster:
     daemons: dict[str, FakeDaemon]
     store: MemoryStore
     clock: ManualClock
+    routes: Routes = field(default_factory=Routes)
 
     def worker(self, index: int) -> FakeWorker:
         return list(self.fakes.workers.values())[index]
@@ -218,9 +234,12 @@ def make_cluster(
     limits: AdmissionLimits | None = None,
     with_daemons: bool = False,
     store: RequestStore | None = None,
+    adoption: bool = False,
 ) -> Cluster:
     """``workers`` ready active workers (w0, w1, ...) and ``standbys`` ready standbys (s0,
-    ...); with ``with_daemons`` each has a fake daemon (d-w0, ...) the coordinator watches."""
+    ...); with ``with_daemons`` each has a fake daemon (d-w0, ...) the coordinator watches;
+    with ``adoption`` the dispatcher adopts requests from ``routes`` and the store, as one
+    restarted at COORDINATOR_ADDRESS does."""
     registry, fakes, clock = make_registry()
     daemons: dict[str, FakeDaemon] = {}
 
@@ -238,6 +257,14 @@ def make_cluster(
     table = RequestTable(RETENTION_SECONDS, clock)
     if policy.acts_on_notice:
         migrations.enable_staging(admission, table.on_worker)
+    routes = Routes()
+    adopter = Adoption(
+        routes,
+        memory,
+        lambda: COORDINATOR_ADDRESS,
+        1 << 20,
+        pause_wait_seconds=ADOPT_PAUSE_WAIT_SECONDS,
+    )
     dispatcher = Dispatcher(
         "coordinator-test",
         registry,
@@ -246,7 +273,9 @@ def make_cluster(
         table,
         PromptTokenizer(""),
         CoordinatorMetrics(),
+        adoption=adopter if adoption else None,
     )
+    dispatcher.address = COORDINATOR_ADDRESS
     names = [(f"w{i}", WorkerRole.ACTIVE) for i in range(workers)]
     names += [(f"s{i}", WorkerRole.STANDBY) for i in range(standbys)]
     for name, role in names:
@@ -256,7 +285,17 @@ def make_cluster(
         if with_daemons:
             migrations.watch(entry)
     return Cluster(
-        registry, admission, policy, migrations, dispatcher, table, fakes, daemons, memory, clock
+        registry,
+        admission,
+        policy,
+        migrations,
+        dispatcher,
+        table,
+        fakes,
+        daemons,
+        memory,
+        clock,
+        routes,
     )
 
 

@@ -233,6 +233,11 @@ class FakeDaemon:
         """A notice on the WatchNotices stream."""
         self._events.put_nowait(NoticeEvent("fake", action, deadline_unix))
 
+    def delivered(self) -> bool:
+        """Every notice given so far was taken by the subscriber (and acted on: the
+        coordinator handles an event in the same step that takes it)."""
+        return self._events.empty()
+
     async def close(self) -> None:
         self.closed = True
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 
 from store import keys
-from store.acl import ACCESS, Access, Role, acl_file_line, acl_rules
+from store.acl import ACCESS, Role, acl_file_line, acl_rules
 from store.keys import KeyKind, key_pattern
 
 # One key of every kind, as the schema spells it.
@@ -17,6 +17,14 @@ EXAMPLE_KEYS = {
     KeyKind.TAIL: keys.request_tail_key("r-1"),
     KeyKind.ROUTE: keys.request_route_key("r-1"),
     KeyKind.BLOCK: keys.block_key(bytes(range(16))),
+    KeyKind.FILE_META: keys.batch_object_key(KeyKind.FILE_META, "file-1"),
+    KeyKind.FILE_CONTENT: keys.batch_object_key(KeyKind.FILE_CONTENT, "file-1"),
+    KeyKind.BATCH_META: keys.batch_object_key(KeyKind.BATCH_META, "batch_1"),
+    KeyKind.BATCH_LINES: keys.batch_object_key(KeyKind.BATCH_LINES, "batch_1"),
+    KeyKind.BATCH_RESULTS: keys.batch_object_key(KeyKind.BATCH_RESULTS, "batch_1"),
+    KeyKind.BATCH_LEASE: keys.batch_object_key(KeyKind.BATCH_LEASE, "batch_1"),
+    KeyKind.BATCH_INDEX: keys.batch_set_key(KeyKind.BATCH_INDEX),
+    KeyKind.BATCH_ACTIVE: keys.batch_set_key(KeyKind.BATCH_ACTIVE),
 }
 
 
@@ -36,7 +44,12 @@ def test_the_worker_cannot_reach_route_records_and_the_daemon_no_key() -> None:
     worker_patterns = [key_pattern(kind) for kind in ACCESS[Role.WORKER]]
     assert not any(fnmatchcase(EXAMPLE_KEYS[KeyKind.ROUTE], p) for p in worker_patterns)
     assert ACCESS[Role.DAEMON] == {}
-    assert ACCESS[Role.COORDINATOR][KeyKind.META] is Access.READ
+    assert KeyKind.BLOCK not in ACCESS[Role.COORDINATOR]  # never a KV block
+    # Batch jobs and their files are the coordinator's alone.
+    batch_keys = [
+        key for kind, key in EXAMPLE_KEYS.items() if kind.value.startswith(("file", "batch"))
+    ]
+    assert not any(fnmatchcase(k, p) for k in batch_keys for p in worker_patterns)
 
 
 def test_rules_start_from_nothing_and_grant_no_admin_command() -> None:

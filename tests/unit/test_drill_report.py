@@ -51,9 +51,13 @@ def test_each_broken_invariant_fails_the_drill() -> None:
             "r1", [1, 2, 3, 4], [TraceEvent(0.2, "migrated", recomputed_tokens=5)]
         ),
         "recompute_bound": _trace(
-            "r1", [1, 2, 3, 4], [TraceEvent(0.2, "recovered", recomputed_tokens=200)]
+            "r1", [1, 2, 3, 4], [TraceEvent(0.2, "recovered", recomputed_tokens=256)]
         ),
     }
+    # 128-token chunks: the unfinished one and one whose write was in flight is < 256
+    in_flight = _trace("r1", [1, 2, 3, 4], [TraceEvent(0.2, "recovered", recomputed_tokens=255)])
+    bound = {c.name: c for c in _report([in_flight], notice=False).checks}["recompute_bound"]
+    assert bound.passed and bound.value == 0
     for name, broken in cases.items():
         report = _report([broken, _trace("r2", [5, 6, 7, 8])])
         failed = {c.name for c in report.checks if not c.passed}

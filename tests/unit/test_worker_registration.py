@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
 import grpc
 import pytest
 
+from common.authz import AuthorizationInterceptor
 from common.channels import async_server, listen
 from common.errors import ServiceError
 from common.messages import Registration
@@ -125,4 +127,29 @@ async def test_a_refusal_ends_the_renewals_with_the_reason() -> None:
         assert "a" * 32 in registrar.refusal and "b" * 32 in registrar.refusal
     finally:
         await registrar.close()
+        await server.stop(0)
+
+
+async def test_the_worker_registers_with_its_certificate_at_a_mutual_tls_port(
+    tmp_path: Path,
+) -> None:
+    from coordinator.server import AUTHORIZATION
+    from spotinfer.local.cluster_secrets import ClusterSecrets
+
+    secrets = ClusterSecrets.make(tmp_path)
+    control = _Control()
+    server = async_server(1 << 20, interceptors=[AuthorizationInterceptor(AUTHORIZATION)])
+    control_pb2_grpc.add_ControlServicer_to_server(control, server)
+    port = listen(server, "127.0.0.1:0", secrets.transport("coordinator"), client_auth=True)
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    with_cert = Registrar([address], _registration, 0.05, transport=secrets.transport("worker"))
+    plaintext = Registrar([address], _registration, 0.05, timeout_seconds=1.0)
+    try:
+        await with_cert.renew()
+        await plaintext.renew()  # refused at the handshake: logged, nothing registered
+        assert len(control.registrations) == 1
+    finally:
+        await with_cert.close()
+        await plaintext.close()
         await server.stop(0)

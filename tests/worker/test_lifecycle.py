@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2
 
 from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
+from tests.support.wait import wait_until
 
 FLAGS = ("--dtype", "float32", "--max-model-len", "1024", "--kv-cache-bytes", str(32 << 20))
 
@@ -32,7 +33,9 @@ def test_not_serving_until_the_engine_is_ready(tiny_model: Path, tmp_path: Path)
             time.sleep(0.05)
         assert statuses[0] == health_pb2.HealthCheckResponse.NOT_SERVING
         assert statuses[-1] == health_pb2.HealthCheckResponse.SERVING
-        assert "ready" in process.output
+        # Its "ready" line is printed as it starts serving; the output pump may read it a
+        # moment after the health check saw SERVING.
+        wait_until(lambda: "ready" in process.output, "the worker's ready line", timeout=30)
     finally:
         process.stop()
 

@@ -6,6 +6,7 @@ locals {
   coordinator_ports = {
     grpc = var.coordinator_grpc_port
     http = var.coordinator_http_port
+    mtls = var.coordinator_internal_port
   }
 
   # Load balancer name => is it internal?
@@ -15,14 +16,14 @@ locals {
   )
 
   # A network load balancer's target group belongs to one load balancer: one listener and one
-  # target group per (load balancer, port).
+  # target group per (load balancer, port). The mutual-TLS port is on the internal one only.
   coordinator_listeners = {
     for pair in setproduct(keys(local.coordinator_lbs), keys(local.coordinator_ports)) :
     "${pair[0]}-${pair[1]}" => {
       lb        = pair[0]
       port_name = pair[1]
       port      = local.coordinator_ports[pair[1]]
-    }
+    } if local.coordinator_lbs[pair[0]] || pair[1] != "mtls"
   }
 }
 

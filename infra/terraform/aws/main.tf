@@ -41,20 +41,27 @@ locals {
   boot_dir = "${path.module}/../../boot"
 
   # What every VM's boot script needs besides its role and units.
+  # coordinator_address: the workers register at the mutual-TLS internal port (the public
+  # one asks no client certificate, so it cannot tell a worker from a user).
   boot_settings = {
-    region                     = local.region
-    package                    = var.spotinfer_package
-    pip_args                   = var.pip_args
-    model                      = var.model
-    worker_port                = var.worker_port
-    daemon_peer_port           = var.daemon_peer_port
-    coordinator_address        = "${aws_lb.coordinator["internal"].dns_name}:${var.coordinator_grpc_port}"
-    coordinator_port           = var.coordinator_grpc_port
-    coordinator_http           = var.coordinator_http_port
-    worker_metrics             = var.worker_metrics_port
-    daemon_metrics             = var.daemon_metrics_port
-    lease_interval             = var.lease_interval_seconds
-    lease_ttl                  = var.lease_ttl_seconds
+    region               = local.region
+    package              = var.spotinfer_package
+    pip_args             = var.pip_args
+    model                = var.model
+    worker_port          = var.worker_port
+    daemon_peer_port     = var.daemon_peer_port
+    coordinator_address  = "${aws_lb.coordinator["internal"].dns_name}:${var.coordinator_internal_port}"
+    coordinator_port     = var.coordinator_grpc_port
+    coordinator_http     = var.coordinator_http_port
+    coordinator_internal = var.coordinator_internal_port
+    worker_metrics       = var.worker_metrics_port
+    daemon_metrics       = var.daemon_metrics_port
+    lease_interval       = var.lease_interval_seconds
+    lease_ttl            = var.lease_ttl_seconds
+    # A scale-in's lifecycle hook wait (the daemon's notice deadline) and how long a worker
+    # that systemd stops moves its requests (inside the unit's TimeoutStopSec of 30 s).
+    termination_drain          = var.termination_drain_seconds
+    worker_stop_grace          = 25
     redis_host                 = aws_elasticache_replication_group.kv.primary_endpoint_address
     redis_port                 = aws_elasticache_replication_group.kv.port
     redis_secret_arn           = aws_secretsmanager_secret.redis_auth.arn

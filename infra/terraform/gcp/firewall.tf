@@ -38,12 +38,16 @@ resource "google_compute_firewall" "coordinator_internal" {
   project     = var.project
   name        = "${var.name}-coordinator-internal"
   network     = var.network
-  description = "Coordinator gRPC and HTTP from the workers and internal clients"
+  description = "Coordinator gRPC, HTTP and the mutual-TLS internal port from the workers and internal clients"
   direction   = "INGRESS"
 
   allow {
     protocol = "tcp"
-    ports    = [tostring(var.coordinator_grpc_port), tostring(var.coordinator_http_port)]
+    ports = [
+      tostring(var.coordinator_grpc_port),
+      tostring(var.coordinator_http_port),
+      tostring(var.coordinator_internal_port),
+    ]
   }
 
   source_tags   = [local.worker_tag]

@@ -31,19 +31,23 @@ locals {
   boot_dir = "${path.module}/../../boot"
 
   boot_settings = {
-    project                   = var.project
-    package                   = var.spotinfer_package
-    pip_args                  = var.pip_args
-    model                     = var.model
-    worker_port               = var.worker_port
-    daemon_peer_port          = var.daemon_peer_port
-    coordinator_address       = "${google_compute_address.coordinator_internal.address}:${var.coordinator_grpc_port}"
-    coordinator_port          = var.coordinator_grpc_port
-    coordinator_http          = var.coordinator_http_port
-    worker_metrics            = var.worker_metrics_port
-    daemon_metrics            = var.daemon_metrics_port
-    lease_interval            = var.lease_interval_seconds
-    lease_ttl                 = var.lease_ttl_seconds
+    project              = var.project
+    package              = var.spotinfer_package
+    pip_args             = var.pip_args
+    model                = var.model
+    worker_port          = var.worker_port
+    daemon_peer_port     = var.daemon_peer_port
+    coordinator_address  = "${google_compute_address.coordinator_internal.address}:${var.coordinator_internal_port}"
+    coordinator_port     = var.coordinator_grpc_port
+    coordinator_http     = var.coordinator_http_port
+    coordinator_internal = var.coordinator_internal_port
+    worker_metrics       = var.worker_metrics_port
+    daemon_metrics       = var.daemon_metrics_port
+    lease_interval       = var.lease_interval_seconds
+    lease_ttl            = var.lease_ttl_seconds
+    # How long a worker that systemd stops (a managed group's delete, a shutdown) moves its
+    # requests, inside the unit's TimeoutStopSec of 30 s.
+    worker_stop_grace         = 25
     redis_host                = google_redis_instance.kv.host
     redis_port                = google_redis_instance.kv.port
     redis_ca_pem              = google_redis_instance.kv.server_ca_certs[0].cert

@@ -5,6 +5,10 @@
 #
 #   secret value (JSON): {"ca": "<PEM>", "cert": "<PEM>", "key": "<PEM>",
 #                         "api_keys": "<keys file, coordinator only>"}
+#
+# The worker bundle is one for every worker VM, so its certificate names no node
+# (spiffe://spotinfer/node/<worker id>): a worker then takes its daemon's Preempt only over
+# loopback, never from another VM (common/authz.py, docs/security.md).
 
 locals {
   tls_roles = toset(["coordinator", "worker"])

@@ -127,6 +127,12 @@ variable "coordinator_grpc_port" {
   default     = 50051
 }
 
+variable "coordinator_internal_port" {
+  description = "Port of the coordinator's mutual-TLS internal gRPC services (RegisterWorker, Control with an operator certificate, coordinator to coordinator). Workers register here: the public port asks no client certificate, so it cannot tell a worker from a user. Internal only; no public listener or rule opens it."
+  type        = number
+  default     = 50052
+}
+
 variable "coordinator_http_port" {
   description = "Port of the coordinator's OpenAI-compatible HTTP front."
   type        = number

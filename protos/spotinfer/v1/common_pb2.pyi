@@ -196,6 +196,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     SLA_CLASS_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """empty: the server assigns one"""
     prompt: _builtins.str
@@ -204,6 +205,11 @@ class GenerateRequest(_message.Message):
     tenant: _builtins.str
     """Set by the coordinator from the caller's API key ("": the default tenant); a
     coordinator never takes it from a client. KV is shared within a tenant only.
+    """
+    priority: _builtins.int
+    """Its order within its SLA class on the engine: 0 is scheduled first, 99 last; unset: 50.
+    Every INTERACTIVE request is scheduled before every BATCH one (vLLM priority scheduling);
+    a worker that runs first come first served refuses a request that sets it.
     """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
@@ -218,14 +224,43 @@ class GenerateRequest(_message.Message):
         sampling: Global___SamplingParams | None = ...,
         sla_class: Global___SlaClass.ValueType = ...,
         tenant: _builtins.str = ...,
+        priority: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "priority", b"priority", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "sla_class", b"sla_class", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "sla_class", b"sla_class", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
+    _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
+
+Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
+
+@_typing.final
+class EngineTiming(_message.Message):
+    """When the engine queued and first scheduled a request: vLLM's own request stats, on the
+    engine core's monotonic clock (comparable between requests of one worker only).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUED_AT_FIELD_NUMBER: _builtins.int
+    SCHEDULED_AT_FIELD_NUMBER: _builtins.int
+    queued_at: _builtins.float
+    scheduled_at: _builtins.float
+    def __init__(
+        self,
+        *,
+        queued_at: _builtins.float = ...,
+        scheduled_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queued_at", b"queued_at", "scheduled_at", b"scheduled_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
+Global___EngineTiming: _TypeAlias = EngineTiming  # noqa: Y015
 
 @_typing.final
 class GenerateResponse(_message.Message):
@@ -238,6 +273,7 @@ class GenerateResponse(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     EVENT_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
+    ENGINE_TIMING_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     index: _builtins.int
     """index of token_ids[0] in the output"""
@@ -251,6 +287,10 @@ class GenerateResponse(_message.Message):
     def event(self) -> Global___Event:
         """set on a message that only reports an event (token_ids may be empty)"""
 
+    @_builtins.property
+    def engine_timing(self) -> Global___EngineTiming:
+        """on the first message with tokens from an engine"""
+
     def __init__(
         self,
         *,
@@ -261,10 +301,11 @@ class GenerateResponse(_message.Message):
         finish_reason: Global___FinishReason.ValueType = ...,
         event: Global___Event | None = ...,
         worker_id: _builtins.str = ...,
+        engine_timing: Global___EngineTiming | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["engine_timing", b"engine_timing", "event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "finish_reason", b"finish_reason", "index", b"index", "request_id", b"request_id", "text", b"text", "token_ids", b"token_ids", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_timing", b"engine_timing", "event", b"event", "finish_reason", b"finish_reason", "index", b"index", "request_id", b"request_id", "text", b"text", "token_ids", b"token_ids", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,49 +26,53 @@ from protos.spotinfer.v1 import common_pb2 as protos_dot_spotinfer_dot_v1_dot_co
 from protos.spotinfer.v1 import worker_pb2 as protos_dot_spotinfer_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/spotinfer/v1/control.proto\x12\x0cspotinfer.v1\x1a protos/spotinfer/v1/common.proto\x1a protos/spotinfer/v1/worker.proto\"\xdf\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12&\n\x04role\x18\x03 \x01(\x0e\x32\x18.spotinfer.v1.WorkerRole\x12(\n\x05state\x18\x04 \x01(\x0e\x32\x19.spotinfer.v1.WorkerState\x12(\n\x05stats\x18\x05 \x01(\x0b\x32\x19.spotinfer.v1.WorkerStats\x12\x1b\n\x13last_heartbeat_unix\x18\x06 \x01(\x01\x12\x16\n\x0e\x64\x61\x65mon_address\x18\x07 \x01(\t\x12\x17\n\x0fnotices_watched\x18\x08 \x01(\x08\x12&\n\x04pool\x18\t \x01(\x0b\x32\x18.spotinfer.v1.PoolLabels\x12\x19\n\x11model_fingerprint\x18\n \x01(\t\x12 \n\x18lease_expires_in_seconds\x18\x0b \x01(\x01\"\x95\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12&\n\x04role\x18\x03 \x01(\x0e\x32\x18.spotinfer.v1.WorkerRole\x12\x16\n\x0e\x64\x61\x65mon_address\x18\x04 \x01(\t\x12\x19\n\x11lease_ttl_seconds\x18\x05 \x01(\x01\x12&\n\x04pool\x18\x06 \x01(\x0b\x32\x18.spotinfer.v1.PoolLabels\x12+\n\x08\x63\x61pacity\x18\x07 \x01(\x0b\x32\x19.spotinfer.v1.WorkerStats\x12\x19\n\x11model_fingerprint\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\"N\n\nPoolLabels\x12\r\n\x05\x63loud\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x15\n\rinstance_type\x18\x03 \x01(\t\x12\x0c\n\x04spot\x18\x04 \x01(\x08\"b\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1a\n\x12\x61lready_registered\x18\x02 \x01(\x08\x12\x19\n\x11\x66leet_fingerprint\x18\x03 \x01(\t\"*\n\x17\x44\x65registerWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"2\n\x18\x44\x65registerWorkerResponse\x12\x16\n\x0ewas_registered\x18\x01 \x01(\x08\"\x14\n\x12ListWorkersRequest\"@\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.spotinfer.v1.WorkerInfo\">\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"(\n\x13\x44rainWorkerResponse\x12\x11\n\tin_flight\x18\x01 \x01(\r\"v\n\x13InjectNoticeRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.spotinfer.v1.NoticeKind\x12\x15\n\rgrace_seconds\x18\x03 \x01(\x01\x12\r\n\x05\x63loud\x18\x04 \x01(\t\"-\n\x14InjectNoticeResponse\x12\x15\n\rdeadline_unix\x18\x01 \x01(\x01\"j\n\x0bQueueStatus\x12)\n\tsla_class\x18\x01 \x01(\x0e\x32\x16.spotinfer.v1.SlaClass\x12\r\n\x05\x64\x65pth\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\"\x16\n\x14\x43lusterStatusRequest\"\x98\x01\n\x15\x43lusterStatusResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.spotinfer.v1.WorkerInfo\x12)\n\x06queues\x18\x02 \x03(\x0b\x32\x19.spotinfer.v1.QueueStatus\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x16\n\x0estandbys_ready\x18\x04 \x01(\r*Z\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12WORKER_ROLE_ACTIVE\x10\x01\x12\x17\n\x13WORKER_ROLE_STANDBY\x10\x02*\xff\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x12\x1a\n\x16WORKER_STATE_PREEMPTED\x10\x04\x12\x1a\n\x16WORKER_STATE_MIGRATING\x10\x05\x12\x1b\n\x17WORKER_STATE_RECOVERING\x10\x06\x12\x15\n\x11WORKER_STATE_LOST\x10\x07\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x08*u\n\nNoticeKind\x12\x1b\n\x17NOTICE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15NOTICE_KIND_TERMINATE\x10\x01\x12\x14\n\x10NOTICE_KIND_STOP\x10\x02\x12\x19\n\x15NOTICE_KIND_REBALANCE\x10\x03\x32\x9c\x04\n\x07\x43ontrol\x12R\n\x0bListWorkers\x12 .spotinfer.v1.ListWorkersRequest\x1a!.spotinfer.v1.ListWorkersResponse\x12L\n\x05\x44rain\x12 .spotinfer.v1.DrainWorkerRequest\x1a!.spotinfer.v1.DrainWorkerResponse\x12U\n\x0cInjectNotice\x12!.spotinfer.v1.InjectNoticeRequest\x1a\".spotinfer.v1.InjectNoticeResponse\x12X\n\rClusterStatus\x12\".spotinfer.v1.ClusterStatusRequest\x1a#.spotinfer.v1.ClusterStatusResponse\x12[\n\x0eRegisterWorker\x12#.spotinfer.v1.RegisterWorkerRequest\x1a$.spotinfer.v1.RegisterWorkerResponse\x12\x61\n\x10\x44\x65registerWorker\x12%.spotinfer.v1.DeregisterWorkerRequest\x1a&.spotinfer.v1.DeregisterWorkerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/spotinfer/v1/control.proto\x12\x0cspotinfer.v1\x1a protos/spotinfer/v1/common.proto\x1a protos/spotinfer/v1/worker.proto\"\x8f\x03\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12&\n\x04role\x18\x03 \x01(\x0e\x32\x18.spotinfer.v1.WorkerRole\x12(\n\x05state\x18\x04 \x01(\x0e\x32\x19.spotinfer.v1.WorkerState\x12(\n\x05stats\x18\x05 \x01(\x0b\x32\x19.spotinfer.v1.WorkerStats\x12\x1b\n\x13last_heartbeat_unix\x18\x06 \x01(\x01\x12\x16\n\x0e\x64\x61\x65mon_address\x18\x07 \x01(\t\x12\x17\n\x0fnotices_watched\x18\x08 \x01(\x08\x12&\n\x04pool\x18\t \x01(\x0b\x32\x18.spotinfer.v1.PoolLabels\x12\x19\n\x11model_fingerprint\x18\n \x01(\t\x12 \n\x18lease_expires_in_seconds\x18\x0b \x01(\x01\x12.\n\x0e\x61\x64mission_caps\x18\x0c \x03(\x0b\x32\x16.spotinfer.v1.ClassCap\"\xa5\x01\n\x08\x43lassCap\x12)\n\tsla_class\x18\x01 \x01(\x0e\x32\x16.spotinfer.v1.SlaClass\x12\x0b\n\x03\x63\x61p\x18\x02 \x01(\r\x12\x10\n\x08\x64\x65\x63ision\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x18\n\x10ttft_p99_seconds\x18\x05 \x01(\x01\x12\x14\n\x0ctpot_seconds\x18\x06 \x01(\x01\x12\x0f\n\x07samples\x18\x07 \x01(\r\"\x95\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12&\n\x04role\x18\x03 \x01(\x0e\x32\x18.spotinfer.v1.WorkerRole\x12\x16\n\x0e\x64\x61\x65mon_address\x18\x04 \x01(\t\x12\x19\n\x11lease_ttl_seconds\x18\x05 \x01(\x01\x12&\n\x04pool\x18\x06 \x01(\x0b\x32\x18.spotinfer.v1.PoolLabels\x12+\n\x08\x63\x61pacity\x18\x07 \x01(\x0b\x32\x19.spotinfer.v1.WorkerStats\x12\x19\n\x11model_fingerprint\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\"N\n\nPoolLabels\x12\r\n\x05\x63loud\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x15\n\rinstance_type\x18\x03 \x01(\t\x12\x0c\n\x04spot\x18\x04 \x01(\x08\"b\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1a\n\x12\x61lready_registered\x18\x02 \x01(\x08\x12\x19\n\x11\x66leet_fingerprint\x18\x03 \x01(\t\"*\n\x17\x44\x65registerWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"2\n\x18\x44\x65registerWorkerResponse\x12\x16\n\x0ewas_registered\x18\x01 \x01(\x08\"\x14\n\x12ListWorkersRequest\"@\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.spotinfer.v1.WorkerInfo\">\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"(\n\x13\x44rainWorkerResponse\x12\x11\n\tin_flight\x18\x01 \x01(\r\"v\n\x13InjectNoticeRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.spotinfer.v1.NoticeKind\x12\x15\n\rgrace_seconds\x18\x03 \x01(\x01\x12\r\n\x05\x63loud\x18\x04 \x01(\t\"-\n\x14InjectNoticeResponse\x12\x15\n\rdeadline_unix\x18\x01 \x01(\x01\"j\n\x0bQueueStatus\x12)\n\tsla_class\x18\x01 \x01(\x0e\x32\x16.spotinfer.v1.SlaClass\x12\r\n\x05\x64\x65pth\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\"\x16\n\x14\x43lusterStatusRequest\"\x86\x01\n\x0e\x42\x61tchJobStatus\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\r\n\x05total\x18\x04 \x01(\r\x12\x11\n\tcompleted\x18\x05 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\r\x12\x0e\n\x06tenant\x18\x07 \x01(\t\"\xca\x01\n\x15\x43lusterStatusResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.spotinfer.v1.WorkerInfo\x12)\n\x06queues\x18\x02 \x03(\x0b\x32\x19.spotinfer.v1.QueueStatus\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x16\n\x0estandbys_ready\x18\x04 \x01(\r\x12\x30\n\nbatch_jobs\x18\x05 \x03(\x0b\x32\x1c.spotinfer.v1.BatchJobStatus*Z\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12WORKER_ROLE_ACTIVE\x10\x01\x12\x17\n\x13WORKER_ROLE_STANDBY\x10\x02*\x9a\x02\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x12\x1a\n\x16WORKER_STATE_PREEMPTED\x10\x04\x12\x1a\n\x16WORKER_STATE_MIGRATING\x10\x05\x12\x1b\n\x17WORKER_STATE_RECOVERING\x10\x06\x12\x15\n\x11WORKER_STATE_LOST\x10\x07\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x08\x12\x19\n\x15WORKER_STATE_DEGRADED\x10\t*u\n\nNoticeKind\x12\x1b\n\x17NOTICE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15NOTICE_KIND_TERMINATE\x10\x01\x12\x14\n\x10NOTICE_KIND_STOP\x10\x02\x12\x19\n\x15NOTICE_KIND_REBALANCE\x10\x03\x32\x9c\x04\n\x07\x43ontrol\x12R\n\x0bListWorkers\x12 .spotinfer.v1.ListWorkersRequest\x1a!.spotinfer.v1.ListWorkersResponse\x12L\n\x05\x44rain\x12 .spotinfer.v1.DrainWorkerRequest\x1a!.spotinfer.v1.DrainWorkerResponse\x12U\n\x0cInjectNotice\x12!.spotinfer.v1.InjectNoticeRequest\x1a\".spotinfer.v1.InjectNoticeResponse\x12X\n\rClusterStatus\x12\".spotinfer.v1.ClusterStatusRequest\x1a#.spotinfer.v1.ClusterStatusResponse\x12[\n\x0eRegisterWorker\x12#.spotinfer.v1.RegisterWorkerRequest\x1a$.spotinfer.v1.RegisterWorkerResponse\x12\x61\n\x10\x44\x65registerWorker\x12%.spotinfer.v1.DeregisterWorkerRequest\x1a&.spotinfer.v1.DeregisterWorkerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.spotinfer.v1.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERROLE']._serialized_start=1677
-  _globals['_WORKERROLE']._serialized_end=1767
-  _globals['_WORKERSTATE']._serialized_start=1770
-  _globals['_WORKERSTATE']._serialized_end=2025
-  _globals['_NOTICEKIND']._serialized_start=2027
-  _globals['_NOTICEKIND']._serialized_end=2144
+  _globals['_WORKERROLE']._serialized_start=2080
+  _globals['_WORKERROLE']._serialized_end=2170
+  _globals['_WORKERSTATE']._serialized_start=2173
+  _globals['_WORKERSTATE']._serialized_end=2455
+  _globals['_NOTICEKIND']._serialized_start=2457
+  _globals['_NOTICEKIND']._serialized_end=2574
   _globals['_WORKERINFO']._serialized_start=120
-  _globals['_WORKERINFO']._serialized_end=471
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=474
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=751
-  _globals['_POOLLABELS']._serialized_start=753
-  _globals['_POOLLABELS']._serialized_end=831
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=833
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=931
-  _globals['_DEREGISTERWORKERREQUEST']._serialized_start=933
-  _globals['_DEREGISTERWORKERREQUEST']._serialized_end=975
-  _globals['_DEREGISTERWORKERRESPONSE']._serialized_start=977
-  _globals['_DEREGISTERWORKERRESPONSE']._serialized_end=1027
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1029
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1049
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1051
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1115
-  _globals['_DRAINWORKERREQUEST']._serialized_start=1117
-  _globals['_DRAINWORKERREQUEST']._serialized_end=1179
-  _globals['_DRAINWORKERRESPONSE']._serialized_start=1181
-  _globals['_DRAINWORKERRESPONSE']._serialized_end=1221
-  _globals['_INJECTNOTICEREQUEST']._serialized_start=1223
-  _globals['_INJECTNOTICEREQUEST']._serialized_end=1341
-  _globals['_INJECTNOTICERESPONSE']._serialized_start=1343
-  _globals['_INJECTNOTICERESPONSE']._serialized_end=1388
-  _globals['_QUEUESTATUS']._serialized_start=1390
-  _globals['_QUEUESTATUS']._serialized_end=1496
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1498
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1520
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1523
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1675
-  _globals['_CONTROL']._serialized_start=2147
-  _globals['_CONTROL']._serialized_end=2687
+  _globals['_WORKERINFO']._serialized_end=519
+  _globals['_CLASSCAP']._serialized_start=522
+  _globals['_CLASSCAP']._serialized_end=687
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=690
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=967
+  _globals['_POOLLABELS']._serialized_start=969
+  _globals['_POOLLABELS']._serialized_end=1047
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1049
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1147
+  _globals['_DEREGISTERWORKERREQUEST']._serialized_start=1149
+  _globals['_DEREGISTERWORKERREQUEST']._serialized_end=1191
+  _globals['_DEREGISTERWORKERRESPONSE']._serialized_start=1193
+  _globals['_DEREGISTERWORKERRESPONSE']._serialized_end=1243
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1245
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1265
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1267
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1331
+  _globals['_DRAINWORKERREQUEST']._serialized_start=1333
+  _globals['_DRAINWORKERREQUEST']._serialized_end=1395
+  _globals['_DRAINWORKERRESPONSE']._serialized_start=1397
+  _globals['_DRAINWORKERRESPONSE']._serialized_end=1437
+  _globals['_INJECTNOTICEREQUEST']._serialized_start=1439
+  _globals['_INJECTNOTICEREQUEST']._serialized_end=1557
+  _globals['_INJECTNOTICERESPONSE']._serialized_start=1559
+  _globals['_INJECTNOTICERESPONSE']._serialized_end=1604
+  _globals['_QUEUESTATUS']._serialized_start=1606
+  _globals['_QUEUESTATUS']._serialized_end=1712
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1714
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1736
+  _globals['_BATCHJOBSTATUS']._serialized_start=1739
+  _globals['_BATCHJOBSTATUS']._serialized_end=1873
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1876
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=2078
+  _globals['_CONTROL']._serialized_start=2577
+  _globals['_CONTROL']._serialized_end=3117
 # @@protoc_insertion_point(module_scope)

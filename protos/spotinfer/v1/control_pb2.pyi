@@ -54,6 +54,8 @@ class _WorkerStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WorkerSta
     WORKER_STATE_RECOVERING: _WorkerState.ValueType  # 6
     WORKER_STATE_LOST: _WorkerState.ValueType  # 7
     WORKER_STATE_STOPPED: _WorkerState.ValueType  # 8
+    WORKER_STATE_DEGRADED: _WorkerState.ValueType  # 9
+    """its Redis does not answer: finishes what it runs, takes nothing new"""
 
 class WorkerState(_WorkerState, metaclass=_WorkerStateEnumTypeWrapper): ...
 
@@ -67,6 +69,8 @@ WORKER_STATE_MIGRATING: WorkerState.ValueType  # 5
 WORKER_STATE_RECOVERING: WorkerState.ValueType  # 6
 WORKER_STATE_LOST: WorkerState.ValueType  # 7
 WORKER_STATE_STOPPED: WorkerState.ValueType  # 8
+WORKER_STATE_DEGRADED: WorkerState.ValueType  # 9
+"""its Redis does not answer: finishes what it runs, takes nothing new"""
 Global___WorkerState: _TypeAlias = WorkerState  # noqa: Y015
 
 class _NoticeKind:
@@ -105,6 +109,7 @@ class WorkerInfo(_message.Message):
     POOL_FIELD_NUMBER: _builtins.int
     MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_IN_SECONDS_FIELD_NUMBER: _builtins.int
+    ADMISSION_CAPS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     address: _builtins.str
     role: Global___WorkerRole.ValueType
@@ -121,6 +126,12 @@ class WorkerInfo(_message.Message):
     def stats(self) -> _worker_pb2.WorkerStats: ...
     @_builtins.property
     def pool(self) -> Global___PoolLabels: ...
+    @_builtins.property
+    def admission_caps(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClassCap]:
+        """The admission cap per SLA class on this worker, as the batch controller last set it
+        (or the static cap when the controller is off).
+        """
+
     def __init__(
         self,
         *,
@@ -135,14 +146,60 @@ class WorkerInfo(_message.Message):
         pool: Global___PoolLabels | None = ...,
         model_fingerprint: _builtins.str = ...,
         lease_expires_in_seconds: _builtins.float = ...,
+        admission_caps: _abc.Iterable[Global___ClassCap] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool", "stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "daemon_address", b"daemon_address", "last_heartbeat_unix", b"last_heartbeat_unix", "lease_expires_in_seconds", b"lease_expires_in_seconds", "model_fingerprint", b"model_fingerprint", "notices_watched", b"notices_watched", "pool", b"pool", "role", b"role", "state", b"state", "stats", b"stats", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "admission_caps", b"admission_caps", "daemon_address", b"daemon_address", "last_heartbeat_unix", b"last_heartbeat_unix", "lease_expires_in_seconds", b"lease_expires_in_seconds", "model_fingerprint", b"model_fingerprint", "notices_watched", b"notices_watched", "pool", b"pool", "role", b"role", "state", b"state", "stats", b"stats", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerInfo: _TypeAlias = WorkerInfo  # noqa: Y015
+
+@_typing.final
+class ClassCap(_message.Message):
+    """One class's admission cap on one worker and the batch controller's last decision."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SLA_CLASS_FIELD_NUMBER: _builtins.int
+    CAP_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    TTFT_P99_SECONDS_FIELD_NUMBER: _builtins.int
+    TPOT_SECONDS_FIELD_NUMBER: _builtins.int
+    SAMPLES_FIELD_NUMBER: _builtins.int
+    sla_class: _common_pb2.SlaClass.ValueType
+    cap: _builtins.int
+    """most requests of the class in flight there; 0: no cap"""
+    decision: _builtins.str
+    """grow | shrink | hold | static"""
+    reason: _builtins.str
+    """why, in words (the measured p99 against the target)"""
+    ttft_p99_seconds: _builtins.float
+    """INTERACTIVE, over the window (or the oldest queued wait)"""
+    tpot_seconds: _builtins.float
+    """INTERACTIVE mean time per output token over the window"""
+    samples: _builtins.int
+    """first tokens in the window"""
+    def __init__(
+        self,
+        *,
+        sla_class: _common_pb2.SlaClass.ValueType = ...,
+        cap: _builtins.int = ...,
+        decision: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        ttft_p99_seconds: _builtins.float = ...,
+        tpot_seconds: _builtins.float = ...,
+        samples: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cap", b"cap", "decision", b"decision", "reason", b"reason", "samples", b"samples", "sla_class", b"sla_class", "tpot_seconds", b"tpot_seconds", "ttft_p99_seconds", b"ttft_p99_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClassCap: _TypeAlias = ClassCap  # noqa: Y015
 
 @_typing.final
 class RegisterWorkerRequest(_message.Message):
@@ -471,6 +528,46 @@ class ClusterStatusRequest(_message.Message):
 Global___ClusterStatusRequest: _TypeAlias = ClusterStatusRequest  # noqa: Y015
 
 @_typing.final
+class BatchJobStatus(_message.Message):
+    """A Batch API job that is not finished yet (every tenant's: ClusterStatus is for admins)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    COMPLETED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.str
+    status: _builtins.str
+    """validating | in_progress | finalizing | cancelling"""
+    endpoint: _builtins.str
+    total: _builtins.int
+    completed: _builtins.int
+    failed: _builtins.int
+    tenant: _builtins.str
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        total: _builtins.int = ...,
+        completed: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "completed", b"completed", "endpoint", b"endpoint", "failed", b"failed", "status", b"status", "tenant", b"tenant", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchJobStatus: _TypeAlias = BatchJobStatus  # noqa: Y015
+
+@_typing.final
 class ClusterStatusResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -478,12 +575,15 @@ class ClusterStatusResponse(_message.Message):
     QUEUES_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     STANDBYS_READY_FIELD_NUMBER: _builtins.int
+    BATCH_JOBS_FIELD_NUMBER: _builtins.int
     in_flight: _builtins.int
     standbys_ready: _builtins.int
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerInfo]: ...
     @_builtins.property
     def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueStatus]: ...
+    @_builtins.property
+    def batch_jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchJobStatus]: ...
     def __init__(
         self,
         *,
@@ -491,10 +591,11 @@ class ClusterStatusResponse(_message.Message):
         queues: _abc.Iterable[Global___QueueStatus] | None = ...,
         in_flight: _builtins.int = ...,
         standbys_ready: _builtins.int = ...,
+        batch_jobs: _abc.Iterable[Global___BatchJobStatus] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "queues", b"queues", "standbys_ready", b"standbys_ready", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_jobs", b"batch_jobs", "in_flight", b"in_flight", "queues", b"queues", "standbys_ready", b"standbys_ready", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

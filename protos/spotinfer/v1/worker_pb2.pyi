@@ -270,6 +270,7 @@ class WorkerStats(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     GENERATED_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
     REQUESTS_TOTAL_FIELD_NUMBER: _builtins.int
+    STOPPING_DEADLINE_UNIX_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     ready: _builtins.bool
     draining: _builtins.bool
@@ -287,6 +288,10 @@ class WorkerStats(_message.Message):
     model: _builtins.str
     generated_tokens_total: _builtins.int
     requests_total: _builtins.int
+    stopping_deadline_unix: _builtins.float
+    """> 0: the worker is being stopped (SIGTERM) and leaves at this unix time; the
+    coordinator moves its requests as on a termination notice.
+    """
     def __init__(
         self,
         *,
@@ -306,10 +311,11 @@ class WorkerStats(_message.Message):
         model: _builtins.str = ...,
         generated_tokens_total: _builtins.int = ...,
         requests_total: _builtins.int = ...,
+        stopping_deadline_unix: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "draining", b"draining", "generated_tokens_total", b"generated_tokens_total", "kv_block_tokens", b"kv_block_tokens", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "ready", b"ready", "requests_total", b"requests_total", "running_seqs", b"running_seqs", "tokens_per_second", b"tokens_per_second", "waiting_seqs", b"waiting_seqs", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "draining", b"draining", "generated_tokens_total", b"generated_tokens_total", "kv_block_tokens", b"kv_block_tokens", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "ready", b"ready", "requests_total", b"requests_total", "running_seqs", b"running_seqs", "stopping_deadline_unix", b"stopping_deadline_unix", "tokens_per_second", b"tokens_per_second", "waiting_seqs", b"waiting_seqs", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,6 +6,7 @@ the plain way."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from common.requests import FinishReason, TokenChunk
@@ -160,3 +161,37 @@ async def test_a_noticed_worker_takes_no_new_request(clusters: Make) -> None:
     (await cluster.worker(1).stream_of("later")).emit(0, 4, FinishReason.LENGTH)
     await _finish_on(cluster, 1, source)
     assert [c[0] for c in source.what() if c[1] == "generate"] == ["w0", "w1"]
+
+
+async def test_a_worker_that_says_it_is_stopping_has_its_requests_moved_as_on_a_notice(
+    clusters: Make,
+) -> None:
+    """SIGTERM of a worker (a scale-in, a MIG delete, a shutdown): its Stats carry the time it
+    leaves, and the coordinator stages, flushes and resumes as on a notice."""
+    cluster = clusters(workers=2, with_daemons=True)
+    source = await _source(cluster)
+    stopping = dataclasses.replace(
+        cluster.worker(0).capacity,
+        draining=True,
+        stopping_deadline_unix=cluster.clock() + GRACE_SECONDS,
+    )
+    cluster.registry.record_heartbeat(cluster.entry(0), stopping, cluster.registry.now())
+    cluster.registry.refresh()
+    assert cluster.entry(0).state == WorkerState.PREEMPTED
+    await _finish_on(cluster, 1, source)
+    assert [c[1] for c in source.what()] == ["generate", "prefetch", "flush", "resume"]
+
+
+async def test_a_rebalance_hint_moves_requests_only_when_the_policy_says_so(
+    clusters: Make,
+) -> None:
+    cluster = clusters(workers=2, with_daemons=True)
+    source = await _source(cluster)
+    cluster.daemons["d-w0"].notice(0.0, action="rebalance")
+    await wait_until_async(cluster.daemons["d-w0"].delivered, timeout=5)
+    assert cluster.entry(0).state == WorkerState.READY, "ignored by default"
+    cluster.migrations.migrate_on_rebalance = True
+    cluster.daemons["d-w0"].notice(0.0, action="rebalance")
+    await wait_until_async(lambda: cluster.entry(0).state == WorkerState.PREEMPTED, timeout=5)
+    await _finish_on(cluster, 1, source)
+    assert [c[1] for c in source.what()] == ["generate", "prefetch", "flush", "resume"]

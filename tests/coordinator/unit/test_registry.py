@@ -131,3 +131,17 @@ async def test_max_model_len_is_what_every_ready_worker_can_serve() -> None:
     make_worker_entry(registry, "s0", WorkerRole.STANDBY, max_model_len=1024)
     make_worker_entry(registry, "starting", ready=False, max_model_len=512)
     assert registry.max_model_len() == 1024
+
+
+async def test_a_worker_that_cannot_reach_its_store_takes_no_new_request_until_it_can() -> None:
+    registry, _, _ = make_registry()
+    entry = make_worker_entry(registry, "w0")
+    changes = _changes(registry)
+    heartbeat = Heartbeat(registry, interval_seconds=1.0)
+    _fake(entry).capacity = make_capacity("w0", degraded=True)
+    await heartbeat.beat()
+    assert entry.state == WorkerState.DEGRADED and registry.routable() == []
+    _fake(entry).capacity = make_capacity("w0")
+    await heartbeat.beat()
+    assert registry.routable() == [entry]
+    assert changes == [("w0", "ready", "degraded"), ("w0", "degraded", "ready")]

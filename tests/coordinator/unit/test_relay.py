@@ -151,3 +151,41 @@ async def test_a_queued_request_whose_last_reader_leaves_gives_up_its_place(
     assert queued.finish_reason == FinishReason.CANCELLED
     assert cluster.admission.depth(queued.request.sla_class) == 0
     assert running.status == RelayStatus.RUNNING
+
+
+class ByteTexts:
+    """Token t is the byte t - 1000 (t >= 1000) or the letter chr(t): text as a byte-level
+    tokenizer decodes it, U+FFFD for an unfinished character."""
+
+    vocab_size = 2000
+
+    @staticmethod
+    def _bytes(ids: list[int]) -> bytes:
+        return b"".join(bytes([t - 1000]) if t >= 1000 else chr(t).encode() for t in ids)
+
+    def span(self, prompt_ids: object, output_ids: list[int], start: int, end: int) -> str:
+        before = self._bytes(list(output_ids[:start])).decode(errors="replace")
+        whole = self._bytes(list(output_ids[:end])).decode(errors="replace")
+        return whole[len(before) :] if whole.startswith(before) else whole
+
+
+async def test_a_resumed_sources_first_text_is_decoded_here(clusters: Make) -> None:
+    from common.requests import Event, EventKind
+
+    cluster = clusters(workers=2)
+    cluster.dispatcher.tokenizer = ByteTexts()  # type: ignore[assignment]
+    relay = cluster.submit(make_request("r", max_tokens=6))
+    first = await cluster.worker(0).next_stream()
+    reader = _reader(relay)
+    first.put(TokenChunk("r", 0, (72, 105), text="Hi"))
+    first.fail()
+    second = await cluster.worker(1).next_stream()
+    # Replayed from the store without text, the first byte of "é" among them; the resume
+    # event; the engine's first output with the text of its whole prompt; then its own.
+    second.put(TokenChunk("r", 2, (32, 1000 + 0xC3)))
+    second.put(TokenChunk("r", 4, event=Event(EventKind.MIGRATED)))
+    second.put(TokenChunk("r", 4, (1000 + 0xA9,), text="Hi \ufffd\u00e9"))
+    second.put(TokenChunk("r", 5, (33,), text="!", finish_reason=FinishReason.LENGTH))
+    chunks = await reader
+    assert "".join(c.text for c in chunks) == "Hi \u00e9!"
+    assert tokens_of(chunks) == [72, 105, 32, 1000 + 0xC3, 1000 + 0xA9, 33]

@@ -1,0 +1,85 @@
+"""Which OpenAI request fields the HTTP front honours, and a clear refusal for the rest.
+
+A field we cannot honour is refused with a 400 that names it, never ignored: a client that
+asks for log probabilities, penalties or tools and silently gets none would read a wrong
+answer as a right one. Fields whose value asks for nothing (``logprobs: false``, a penalty of
+0, ``user``, which is only a label) pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.errors import InvalidRequest
+
+# Honoured by both endpoints (see http_front.py for their meaning).
+_COMMON = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "n",
+        "ignore_eos",
+        "sla_class",
+        "request_id",
+        "user",
+    }
+)
+HONOURED = {
+    False: _COMMON | {"prompt"},
+    True: _COMMON | {"messages", "max_completion_tokens"},
+}
+# Fields that pass when their value asks for nothing.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None,),
+    "response_format": (None, {"type": "text"}),
+    "min_p": (None, 0, 0.0),
+}
+
+
+def check_supported(body: dict[str, Any], chat: bool) -> None:
+    """Raises InvalidRequest naming every field of ``body`` this front would not honour."""
+    refused = []
+    for name, value in body.items():
+        if name in HONOURED[chat]:
+            continue
+        neutral = _NEUTRAL.get(name)
+        if neutral is not None and any(_same(value, n) for n in neutral):
+            continue
+        refused.append(name)
+    if refused:
+        endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+        them = "it" if len(refused) == 1 else "them"
+        raise InvalidRequest(
+            f"{endpoint} does not support {', '.join(sorted(refused))}: this server cannot "
+            f"honour {them}; leave {them} out"
+        )
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """``value`` is the neutral value: None is None, a boolean only a boolean (True == 1 in
+    Python), a number any number of that value, anything else equal and of the same type."""
+    if neutral is None or isinstance(neutral, bool) or isinstance(value, bool):
+        return value is neutral
+    numbers = (int, float)
+    if isinstance(neutral, numbers):
+        return isinstance(value, numbers) and value == neutral
+    return type(value) is type(neutral) and value == neutral
