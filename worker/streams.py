@@ -63,6 +63,8 @@ class RunningRequest:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     streamed_tokens: int = 0  # output tokens in the store's indexing (resumes start at n)
     paused: bool = False  # set by preempt: its abort is a pause, not a cancel
+    aborted: bool = False  # set by Abort: the client cancelled it, an end and never a pause
+    ended: bool = False  # vLLM gave its last output: whatever cuts the stream now, it is over
     task: asyncio.Task[Any] | None = None  # the task that runs the stream (its RPC's)
 
 
@@ -177,18 +179,25 @@ class RequestStreams:
                     committer.add(request_id, chunk.token_ids)
                 if chunk.finished:
                     finish = chunk.finish_reason
+                    running.ended = True
                 if chunk.token_ids or not paused_here:
                     yield chunk, output.num_cached_tokens
                 if chunk.finished or paused_here:
                     break
-            last = self._last_chunk(request_id, index, finish, running.paused)
+            last = (
+                None
+                if running.ended
+                else self._last_chunk(request_id, index, finish, running.paused)
+            )
             if last is not None:
                 yield last, None
         except (asyncio.CancelledError, GeneratorExit):
-            if committer is not None and finish == FinishReason.CANCELLED:
+            if committer is not None and not (running.ended or running.aborted):
                 # The caller went away (its coordinator died or restarts), not the client,
                 # who cancels with Abort: with a store the request stays resumable — paused
                 # and persisted as on a notice — so a coordinator can resume it on Attach.
+                # A request that ended (an Abort's final output, a finish) is not revived:
+                # its caller closing the stream right after the end is no loss.
                 running.paused = True
                 asyncio.get_running_loop().create_task(self.abort_quietly(request_id))
             raise
@@ -317,8 +326,10 @@ class RequestStreams:
             log.debug("abort of %s after its caller left: %s", request_id, exc)
 
     async def abort(self, request_id: str) -> None:
-        if request_id not in self.running:
+        running = self.running.get(request_id)
+        if running is None:
             raise RequestNotFound(request_id)
+        running.aborted = True
         await self._ctx.llm.abort(request_id)
 
 

@@ -80,6 +80,14 @@ def _metric(coordinator: CoordinatorProcess, name: str) -> float:
     )
 
 
+def _record_of(store: RedisStore, request_id: str) -> str:
+    try:
+        record = store.get_request(request_id)
+    except Exception as exc:  # gone, or unreadable: either is worth seeing
+        return f"({exc.__class__.__name__})"
+    return f"{record.status.name} by {record.owner_worker_id}"
+
+
 def _running_on(worker: WorkerProcess) -> int:
     return int(worker.stub.Stats(worker_pb2.StatsRequest(), timeout=10).running_seqs)
 
@@ -98,7 +106,8 @@ def _assert_cancelled_and_gone(
         return (
             f"in flight {_metric(coordinator, IN_FLIGHT)}, running on the worker "
             f"{_running_on(worker)}, cancels {_metric(coordinator, CANCELS) - cancels_before}, "
-            f"keys {store.keys_for_request(request_id)}"
+            f"keys {store.keys_for_request(request_id)}, record {_record_of(store, request_id)}, "
+            f"TTLs {store.request_ttl_seconds(request_id)}"
         )
 
     wait_until(
