@@ -42,7 +42,7 @@ from tests.support.wait import wait_until
 from worker.model_fingerprint import model_fingerprint
 
 MAX_TOKENS = 700
-PROMPT = [(7 * n) % 500 + 3 for n in range(280)]  # two full blocks before the first output
+PROMPT = [(7 * n) % 500 + 3 for n in range(280)]  # a full stored chunk before the first output
 # Requests beside the migrated one, so that the tiny model's steps leave time for the stages.
 FILLERS = 12
 
@@ -66,6 +66,17 @@ def has_tokens(store: RedisStore, request_id: str) -> bool:
         return bool(store.committed_tokens(request_id))
     except RequestNotFound:
         return False
+
+
+def committed_chunks(store: RedisStore, fingerprint: str, request_id: str) -> int:
+    """The request's chunks in Redis that its committed context covers: a chunk counts once
+    the token after it is committed too (only then is the KV of its last token computed),
+    which is what a Prefetch stages from. The committed tokens trail the stream."""
+    if not has_tokens(store, request_id):
+        return 0
+    context = PROMPT + store.committed_tokens(request_id)
+    whole = (len(context) - 1) // BLOCK_TOKENS
+    return min(whole, persisted_blocks(store, fingerprint, context))
 
 
 def test_prefetched_blocks_are_loaded_from_staging_after_the_pause(
@@ -95,14 +106,8 @@ def test_prefetched_blocks_are_loaded_from_staging_after_the_pause(
             )
         )
         wait_until(
-            lambda: (
-                reader.done
-                or (
-                    has_tokens(store, request_id)
-                    and persisted_blocks(store, fingerprint, PROMPT + reader.tokens()) >= 2
-                )
-            ),
-            "the prompt's KV blocks and a first token in Redis",
+            lambda: reader.done or committed_chunks(store, fingerprint, request_id) >= 2,
+            "two KV chunks of the request in Redis, and the tokens that complete them",
         )
         assert not reader.done, f"A ended before the first stage: {reader.error}"
         # Stage 1 while A decodes, then a second stage that stages only what is new.
