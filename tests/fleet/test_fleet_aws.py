@@ -116,22 +116,26 @@ def test_a_partitioned_worker_gets_no_new_request_until_it_registers_again(
         args=(cut,),
     )
     healed.start()
+    # When the coordinator last said it was away: the start of that question, since its
+    # answer holds for some moment after it. The moment the loop sees it back is up to one
+    # probe later, and a probe sent in between may be placed there, rightly.
+    away_until = partitioned_at
     while not back.is_set():  # a new request every half second until it is known again
         probes.append(fleet.streams(plan(1, f"probe-{len(probes)}", VOCAB_SIZE)))
         probes[-1].start()
         time.sleep(0.5)
-        if healed.finished.is_set() and _state(fleet, cut.worker_id) == "ready":
+        asked_at = time.perf_counter()
+        if _state(fleet, cut.worker_id) != "ready":
+            away_until = asked_at
+        elif healed.finished.is_set():
             back.set()
-    registered_again_at = time.perf_counter()
     healed.join()
     traces = streams.join()
     probe_traces = [t for probe in probes for t in probe.join()]
     everything = planned + [p for probe in probes for p in probe.planned]
     result = verdict(traces + probe_traces, greedy(fleet, everything))
     assert result.exactly_once and not result.mismatches, (result.problems(), fleet.logs_tail())
-    before_return = [
-        t for t in probe_traces if t.token_times and t.token_times[0] < registered_again_at
-    ]
+    before_return = [t for t in probe_traces if t.token_times and t.token_times[0] < away_until]
     assert before_return, "no request was sent while it was away"
     assert all(t.token_workers[0] != cut.worker_id for t in before_return)
 
