@@ -4,12 +4,17 @@ run time from the TTFT and TPOT this coordinator measures against the INTERACTIV
 The tuner's sweep (`spotinfer tune --apply`, the coordinator's `--tuning-file`) gives the
 starting caps; the controller then moves them, per worker, every `interval_seconds`:
 
-    INTERACTIVE TPOT over its target          shrink: the batch decodes too slowly. BATCH's
-                                              cap first while BATCH runs there, else
-                                              INTERACTIVE's: shrink_factor x what runs;
-                                              but not while INTERACTIVE requests wait
-                                              (overload: a smaller batch would only move
-                                              the miss from TPOT to TTFT), then hold
+    INTERACTIVE TPOT over its target,         shrink BATCH's cap: shrink_factor x what runs
+    BATCH runs there
+    INTERACTIVE requests queued past          grow INTERACTIVE by what waits (at least
+    queue_fraction x the TTFT target          grow_step), whatever TPOT says, settled or
+                                              not: a request
+                                              queued past its TTFT target is a certain miss,
+                                              a longer TPOT for the batch a possible one
+    INTERACTIVE TPOT over its target,         shrink INTERACTIVE: shrink_factor x what runs
+    nothing INTERACTIVE waiting
+    INTERACTIVE TPOT over its target,         hold (a smaller batch would only move the miss
+    INTERACTIVE waiting, not long yet         from TPOT to TTFT)
     INTERACTIVE TTFT over its target,         grow INTERACTIVE (+grow_step): its requests
     TPOT with headroom, INTERACTIVE waiting   queue here, and the decode has room for more
     INTERACTIVE meets both with headroom,     grow the waiting class (+grow_step), BATCH
@@ -19,7 +24,8 @@ starting caps; the controller then moves them, per worker, every `interval_secon
 Additive increase, multiplicative decrease. Hysteresis: it grows only while TPOT is under
 `headroom` x the target and shrinks only over the target, so a TPOT inside that band holds;
 after a change it holds for `settle_seconds` and forgets its window, so the next decision
-sees only what the new cap produced. Bounds: `min_cap` .. the worker's max_num_seqs.
+sees only what the new cap produced (a long INTERACTIVE queue is the exception: it is
+measured now, not over the window, and grows the cap while a change settles). Bounds: `min_cap` .. the worker's max_num_seqs.
 
 Signals, per worker: TTFT is the larger of the p99 of first tokens in the window and the
 wait of the oldest INTERACTIVE request still queued (a queued request already misses what
@@ -68,6 +74,10 @@ class BatchControllerConfig:
     """The smallest cap a class is shrunk to."""
     min_tokens: int = 16
     """Output tokens in the window before its TPOT counts."""
+    queue_fraction: float = 0.25
+    """INTERACTIVE requests queued longer than this fraction of the TTFT target grow
+    INTERACTIVE's cap whatever TPOT says (a queued request is about to miss for certain),
+    also while the last change settles."""
 
     def __post_init__(self) -> None:
         for name in ("interval_seconds", "window_seconds", "interactive_ttft_slo_ms"):
@@ -83,6 +93,8 @@ class BatchControllerConfig:
             raise ValueError("batch_controller shrink_factor must be in (0, 1)")
         if not 0 < self.headroom <= 1:
             raise ValueError("batch_controller headroom must be in (0, 1]")
+        if not 0 < self.queue_fraction <= 1:
+            raise ValueError("batch_controller queue_fraction must be in (0, 1]")
 
 
 @dataclass
@@ -212,20 +224,39 @@ class BatchController:
         window = self._window(entry)
         self._trim(window, now)
         signals = window.signals = self._signals(window, oldest_wait)
-        if now - window.settled_at < self._config.settle_seconds:
-            return None
         ttft_target = self._config.interactive_ttft_slo_ms / 1000
         tpot_target = self._config.interactive_tpot_slo_ms / 1000
+        queued = waiting.get(SlaClass.INTERACTIVE, 0)
+        long_queue = bool(queued) and oldest_wait > self._config.queue_fraction * ttft_target
+        # The queue is measured now, not over the window: a long one is acted on even while
+        # the last change settles.
+        settled = now - window.settled_at >= self._config.settle_seconds
+        if not settled and not long_queue:
+            return None
         ttft, tpot = signals.ttft_p99, signals.tpot
         measured = f"TTFT p99 {_ms(ttft)}, TPOT {_ms(tpot)}"
-        if tpot is not None and tpot > tpot_target:
-            why = f"{measured}: TPOT over {_ms(tpot_target)}"
+        slow = tpot is not None and tpot > tpot_target
+        if slow and settled:
             batch = window.caps[SlaClass.BATCH]
             if entry.in_flight[SlaClass.BATCH] and batch.cap > self._config.min_cap:
+                why = f"{measured}: TPOT over {_ms(tpot_target)}"
                 return self._shrink(entry, window, SlaClass.BATCH, why, now)
-            if waiting.get(SlaClass.INTERACTIVE, 0):
-                # Overloaded: a smaller INTERACTIVE batch would only queue its requests past
-                # their TTFT, so it holds (no batch size meets both targets at this load).
+        if long_queue:
+            why = (
+                f"{measured}: {queued} INTERACTIVE waiting, the oldest {_ms(oldest_wait)} "
+                f"(past {self._config.queue_fraction:g} x the TTFT target)"
+            )
+            step = max(self._config.grow_step, queued)
+            grown = self._grow(entry, window, SlaClass.INTERACTIVE, why, now, step)
+            if grown is not None:
+                return grown
+        if not settled:
+            return None
+        if slow:
+            why = f"{measured}: TPOT over {_ms(tpot_target)}"
+            if queued:
+                # Requests queue already: a smaller INTERACTIVE batch would only queue them
+                # past their TTFT (no batch size meets both targets at this load).
                 self._hold(window, f"{why} while INTERACTIVE requests wait: overloaded")
                 return None
             return self._shrink(entry, window, SlaClass.INTERACTIVE, why, now)
@@ -260,11 +291,17 @@ class BatchController:
         return self._change(entry.address, window, sla, "shrink", new, reason, now)
 
     def _grow(
-        self, entry: WorkerEntry, window: _Window, sla: SlaClass, reason: str, now: float
+        self,
+        entry: WorkerEntry,
+        window: _Window,
+        sla: SlaClass,
+        reason: str,
+        now: float,
+        step: int = 0,
     ) -> Decision | None:
         state = window.caps[sla]
         ceiling = _max_num_seqs(entry)
-        new = min(ceiling, state.cap + self._config.grow_step)
+        new = min(ceiling, state.cap + (step or self._config.grow_step))
         if new <= state.cap:
             return None
         return self._change(entry.address, window, sla, "grow", new, reason, now)

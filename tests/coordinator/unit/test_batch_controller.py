@@ -104,24 +104,30 @@ def test_a_change_settles_before_the_next_and_forgets_the_old_window() -> None:
     assert len(decisions) == 1
 
 
-def test_inside_settle_seconds_nothing_changes() -> None:
+def test_inside_settle_seconds_only_a_long_interactive_queue_changes_a_cap() -> None:
     controller, entry, clock, _, decisions = _setup()
     _decode(controller, clock, tpot=0.15, steps=20)
     _tick(controller, entry)
     assert len(decisions) == 1
-    _decode(controller, clock, tpot=0.09)  # 0.9 s: still too slow, and requests wait
-    assert _tick(controller, entry, {INTER: 9}, oldest_wait=5.0) == []
+    _decode(controller, clock, tpot=0.09)  # 0.9 s: still too slow, and a request waits
+    assert _tick(controller, entry, {INTER: 9}, oldest_wait=0.3) == []
+    # A queue is measured now, not over the window: a long one grows the cap at once.
+    assert [d.decision for d in _tick(controller, entry, {INTER: 9}, oldest_wait=0.6)] == [
+        "grow"
+    ]
+    assert controller.cap(entry, INTER) == 17
+    clock.advance(1.0)
     _decode(controller, clock, tpot=0.15)
     # Settled: what the new cap produced (too slow) shrinks it again.
     assert [d.decision for d in _tick(controller, entry)] == ["shrink"]
-    assert controller.cap(entry, INTER) == 4
+    assert controller.cap(entry, INTER) == 8
 
 
 def test_queued_interactive_requests_past_their_ttft_grow_the_cap_while_tpot_has_room() -> None:
     controller, entry, clock, _, decisions = _setup(interactive=16)
     _decode(controller, clock, tpot=0.05)
     _tick(controller, entry, {INTER: 5}, oldest_wait=2.5)
-    assert controller.cap(entry, INTER) == 20
+    assert controller.cap(entry, INTER) == 21, "grown by what waits (5 > grow_step 4)"
     assert decisions[-1].decision == "grow" and "5 INTERACTIVE waiting" in decisions[-1].reason
     # Additive steps up to the worker's max_num_seqs, never beyond it.
     for _ in range(20):
@@ -131,23 +137,40 @@ def test_queued_interactive_requests_past_their_ttft_grow_the_cap_while_tpot_has
     assert controller.cap(entry, INTER) == 64
 
 
-def test_overload_holds_rather_than_queue_interactive_past_its_ttft() -> None:
+def test_overload_grows_interactive_once_its_requests_queue_past_part_of_their_ttft() -> None:
     controller, entry, clock, _, decisions = _setup()
     _decode(controller, clock, tpot=0.3)  # over the TPOT target, and requests wait
-    assert _tick(controller, entry, {INTER: 6}, oldest_wait=3.0) == []
+    # Not long yet: a smaller batch would only queue them past their TTFT; a larger one
+    # would slow the decode further. It holds.
+    assert _tick(controller, entry, {INTER: 6}, oldest_wait=0.3) == []
     caps = controller.caps_of(entry)
     assert caps[INTER].cap == 16 and caps[INTER].reason.endswith("overloaded")
-    entry.in_flight[BATCH] = 4  # BATCH work there is still shrunk
-    assert [(d.sla_class, d.decision) for d in _tick(controller, entry, {INTER: 6})] == [
+    # Queued past a quarter of the TTFT target: a certain TTFT miss outweighs a slower decode, so
+    # INTERACTIVE grows by what waits, TPOT over target or not.
+    assert [(d.sla_class, d.decision) for d in _tick(controller, entry, {INTER: 6}, 1.5)] == [
+        (INTER, "grow")
+    ]
+    assert controller.cap(entry, INTER) == 22
+    assert "the oldest 1500 ms" in decisions[-1].reason
+    # BATCH work running there is shrunk before INTERACTIVE grows.
+    clock.advance(1.0)
+    _decode(controller, clock, tpot=0.3)
+    entry.in_flight[BATCH] = 4
+    assert [(d.sla_class, d.decision) for d in _tick(controller, entry, {INTER: 6}, 3.0)] == [
         (BATCH, "shrink")
     ]
-    assert len(decisions) == 1
+    # With nothing INTERACTIVE waiting, a slow decode shrinks INTERACTIVE from what runs.
+    clock.advance(1.0)
+    _decode(controller, clock, tpot=0.3)
+    entry.in_flight[BATCH], entry.in_flight[INTER] = 0, 20
+    assert [(d.sla_class, d.decision) for d in _tick(controller, entry)] == [(INTER, "shrink")]
+    assert controller.cap(entry, INTER) == 10
 
 
 def test_tpot_inside_the_hysteresis_band_holds() -> None:
     controller, entry, clock, _, decisions = _setup()
     _decode(controller, clock, tpot=0.09)  # over 0.8 x 100 ms, under 100 ms
-    assert _tick(controller, entry, {INTER: 5, BATCH: 5}, oldest_wait=3.0) == []
+    assert _tick(controller, entry, {INTER: 5, BATCH: 5}, oldest_wait=0.3) == []
     caps = controller.caps_of(entry)
     assert (caps[INTER].cap, caps[INTER].decision) == (16, "hold")
     assert "hysteresis band" in caps[INTER].reason
