@@ -140,9 +140,11 @@ def persist_then_kill(
     request_id: str,
     prompt: list[int],
     target_generated: int,
+    chunk_tokens: int = BLOCK_TOKENS,
 ) -> list[int]:
     """Generate on A until ``target_generated`` tokens are committed and every full block of
-    the KV they imply is in Redis, SIGKILL A, and return the committed tokens."""
+    the KV they imply is in Redis (values of ``chunk_tokens`` tokens, as A stores them),
+    SIGKILL A, and return the committed tokens."""
     reader = StreamReader(
         worker.stub.Generate(
             greedy(request_id, prompt, target_generated + EXTRA_TOKENS),
@@ -157,7 +159,7 @@ def persist_then_kill(
         if needed is None and len(reader.tokens) >= target_generated:
             # KV exists for the prompt and every generated token but the last one.
             kv_tokens = prompt + reader.tokens[: target_generated - 1]
-            needed = block_hashes(fingerprint, kv_tokens, BLOCK_TOKENS)
+            needed = block_hashes(fingerprint, kv_tokens, chunk_tokens)
         if needed is not None:
             committed = store.get_request(request_id).committed_length
             if committed >= target_generated and all(store.blocks_present(needed)):

@@ -27,6 +27,7 @@ from worker.constants import (
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_STAGING_MIB,
     DTYPES,
+    KV_LOAD_MODES,
     KV_PERSIST_POLICIES,
     SCHEDULING_POLICIES,
 )
@@ -198,6 +199,14 @@ class WorkerConfig:
             "choices": KV_PERSIST_POLICIES,
         },
     )
+    kv_load: str = field(
+        default="async",
+        metadata={
+            "help": "how a resume reads its stored KV; async: off the engine's step (other "
+            "sequences decode on while Redis is read), sync: inside it (the baseline)",
+            "choices": KV_LOAD_MODES,
+        },
+    )
     allow_other_vllm: bool = field(
         default=False,
         metadata={
@@ -263,6 +272,8 @@ class WorkerConfig:
                 f"kv_persist_policy must be one of {KV_PERSIST_POLICIES}, "
                 f"got {self.kv_persist_policy!r}"
             )
+        if self.kv_load not in KV_LOAD_MODES:
+            raise ValueError(f"kv_load must be one of {KV_LOAD_MODES}, got {self.kv_load!r}")
 
     @property
     def effective_max_tokens_limit(self) -> int:

@@ -24,6 +24,11 @@ SERVER_STOP_GRACE_SECONDS = 2.0
 
 # --- persistence (Redis) ----------------------------------------------------------------------
 KV_PERSIST_POLICIES = ("eager", "lazy", "off")
+# How a resume's stored KV is read and copied into the cache. async: the store read runs on
+# a thread while the engine steps on (the scheduler is told the count once it is known) and
+# the copy goes through vLLM's asynchronous load path; sync: both inside the engine's step
+# (every other sequence on the worker waits for them).
+KV_LOAD_MODES = ("async", "sync")
 # vLLM's scheduling policies: priority orders the waiting queue by (priority, arrival) and,
 # when KV runs out, preempts the lowest-priority running request; fcfs by arrival alone.
 SCHEDULING_POLICIES = ("priority", "fcfs")

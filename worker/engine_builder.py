@@ -100,6 +100,7 @@ class EngineBuilder:
                 staging_dir,
                 self.config.kv_chunk_tokens,
                 self.config.allow_other_vllm,
+                self.config.kv_load,
             )
         )
 

@@ -101,11 +101,13 @@ def connector_config(
     staging_dir: str = "",
     chunk_tokens: int = DEFAULT_KV_CHUNK_TOKENS,
     allow_other_vllm: bool = False,
+    kv_load: str = "async",
 ) -> dict[str, Any]:
     """The `kv_transfer_config` that makes vLLM load this connector. ``staging_dir``: where
     this worker stages prefetched blocks as a migration target (see kv_staging.py);
     ``chunk_tokens``: tokens of KV per stored value (a multiple of vLLM's block size);
-    ``allow_other_vllm``: load even on a vLLM outside SUPPORTED_VLLM_LINE."""
+    ``allow_other_vllm``: load even on a vLLM outside SUPPORTED_VLLM_LINE; ``kv_load``: how a
+    resume reads its stored KV (see KV_LOAD_MODES)."""
     return {
         "kv_connector": SPOT_CONNECTOR_CLASS,
         "kv_connector_module_path": SPOT_CONNECTOR_MODULE,
@@ -117,6 +119,7 @@ def connector_config(
             "staging_dir": staging_dir,
             "chunk_tokens": chunk_tokens,
             "allow_other_vllm": allow_other_vllm,
+            "kv_load": kv_load,
         },
     }
 
@@ -172,6 +175,7 @@ class SpotKVConnector(KVConnectorBase_V1):
                 store,
                 Path(staging_dir) if staging_dir else None,
                 _loads_refused(place),
+                str(extra.get_from_extra_config("kv_load", "async")),
             )
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = SpotConnectorWorker(kv_cache_config, kv_format, copier, store)
@@ -240,6 +244,10 @@ class SpotKVConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         assert self.connector_worker is not None
         return self.connector_worker.get_finished()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        assert self.connector_worker is not None
+        return self.connector_worker.take_load_errors()
 
     def _spot_metadata(self) -> SpotConnectorMetadata:
         meta = self._get_connector_metadata()

@@ -35,6 +35,7 @@ class BlockLoad:
     staged: bool = False  # from the staging memory of a migration, not from Redis
     num_tokens: int = 0  # tokens the payload holds; below the chunk size: a partial tail
     first_block: int = 0
+    vllm_id: str = ""  # whose load: reported finished once copied, when it is asynchronous
 
 
 @dataclass
@@ -43,6 +44,9 @@ class SpotConnectorMetadata(KVConnectorMetadata):
 
     saves: list[BlockSave] = field(default_factory=list)
     loads: list[BlockLoad] = field(default_factory=list)
+    receiving: list[str] = field(default_factory=list)
+    """vLLM ids whose loads (in ``loads``) are asynchronous: the worker role copies them off
+    the step and reports each id through get_finished once its copies are done."""
     commits: list[TokenCommit] = field(default_factory=list)
     cached_blocks: int = 0
     """Blocks resumes found in vLLM's prefix cache since the previous step (counted only)."""

@@ -10,6 +10,8 @@ side has every request's token ids, so it names each block by its hash.
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,6 +85,8 @@ class _Tracked:
     chain: list[bytes] = field(default_factory=list)  # hashes of blocks 0.. named so far
     saved_blocks: int = 0  # blocks [0, saved_blocks) are stored (saved or loaded)
     plan: _LoadPlan | None = None
+    lookup: Future[_LoadPlan] | None = None  # kv_load async: the store read under way
+    lookup_computed: int = -1  # the local hit that read was planned from
     loaded_tokens: int = 0
     rejected_blocks: int = 0
     mac_rejected_blocks: int = 0
@@ -101,7 +105,11 @@ class SpotConnectorScheduler:
     """The scheduler role's half of `SpotKVConnector` (vLLM calls it from the engine core's
     scheduler, one thread). ``policy``: ``eager``, ``lazy`` or ``off`` (see spot_connector.py);
     ``staging_root``: where a migration staged blocks for this worker, if anywhere;
-    ``loads_refused``: why resumes must recompute instead of loading (empty: they load)."""
+    ``loads_refused``: why resumes must recompute instead of loading (empty: they load);
+    ``kv_load``: ``async`` reads a resume's stored KV on a thread while the engine steps on
+    (vLLM asks again each step until the count is known) and loads it through vLLM's
+    asynchronous path; ``sync`` reads it inside the scheduler call (every other sequence on
+    the worker waits for the read) and loads it before the next forward pass."""
 
     def __init__(
         self,
@@ -111,8 +119,18 @@ class SpotConnectorScheduler:
         store: RedisStore,
         staging_root: Path | None,
         loads_refused: str = "",
+        kv_load: str = "async",
     ) -> None:
         self._kv_cache_config = kv_cache_config
+        self._async_load = kv_load == "async"
+        self._lookups = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-kv-lookup")
+            if self._async_load
+            else None
+        )
+        # The lookup thread counts refused blocks; the scheduler thread reports them.
+        self._counts_lock = threading.Lock()
+        self._receiving: list[str] = []
         self._loads_refused = loads_refused
         # A stored value is a chunk of kv_format.block_tokens tokens: this many engine blocks.
         self._engine_block_tokens = int(kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size)
@@ -149,10 +167,36 @@ class SpotConnectorScheduler:
         if tracked is None or not tracked.resume:
             return 0, False
         if tracked.plan is None:
+            if self._lookups is None:
+                plan = self._plan_load(tracked, num_computed_tokens)
+            else:
+                if tracked.lookup is None or tracked.lookup_computed != num_computed_tokens:
+                    # First asked (or the local hit moved since): read on the lookup thread;
+                    # None makes vLLM skip the request this step and ask again the next.
+                    tracked.lookup = self._lookups.submit(
+                        self._plan_load_logged, tracked, num_computed_tokens
+                    )
+                    tracked.lookup_computed = num_computed_tokens
+                    return None, False
+                if not tracked.lookup.done():
+                    return None, False
+                plan, tracked.lookup = tracked.lookup.result(), None
             if not tracked.warm:  # found warmed by the handshake (or left by an earlier run)
                 self._cached_blocks += num_computed_tokens // self._kv_format.block_tokens
-            tracked.plan = self._plan_load(tracked, num_computed_tokens)
-        return tracked.plan.matched_tokens, False
+            tracked.plan = plan
+        matched = tracked.plan.matched_tokens
+        return matched, self._async_load and matched > 0
+
+    def _plan_load_logged(self, tracked: _Tracked, num_computed_tokens: int) -> _LoadPlan:
+        """`_plan_load` on the lookup thread: a failure there costs a recompute, never the
+        engine (an exception would otherwise surface in the scheduler's next call)."""
+        try:
+            return self._plan_load(tracked, num_computed_tokens)
+        except Exception:
+            log.exception(
+                "resume of %s: reading its stored KV failed; recomputing", tracked.request_id
+            )
+            return _LoadPlan(num_computed_tokens // self._kv_format.block_tokens, [], 0)
 
     def _plan_load(self, tracked: _Tracked, num_computed_tokens: int) -> _LoadPlan:
         """Read the request's full blocks and its partial tail (a pause stored one), keep the
@@ -246,21 +290,23 @@ class SpotConnectorScheduler:
         tracked.rejected_blocks += 1
         if block.reason is RejectReason.MAC:
             tracked.mac_rejected_blocks += 1
-            self._mac_rejected_blocks += 1
-            by_request = self._mac_rejected_by_request
-            by_request[tracked.request_id] = by_request.get(tracked.request_id, 0) + 1
+            with self._counts_lock:
+                self._mac_rejected_blocks += 1
+                by_request = self._mac_rejected_by_request
+                by_request[tracked.request_id] = by_request.get(tracked.request_id, 0) + 1
         log.warning("resume of %s: %s; its tokens are recomputed", tracked.request_id, block)
 
     def mac_rejections_report(self) -> PersistStats | None:
         """The blocks refused by their MAC per request since the last call (vLLM sends the
         scheduler role's stats with the outputs of the step they were found in)."""
-        if not self._mac_rejected_by_request:
+        with self._counts_lock:
+            rejected, self._mac_rejected_by_request = self._mac_rejected_by_request, {}
+        if not rejected:
             return None
         data = {
             MAC_REJECTED_REQUEST_PREFIX + request_id: count
-            for request_id, count in self._mac_rejected_by_request.items()
+            for request_id, count in rejected.items()
         }
-        self._mac_rejected_by_request = {}
         return PersistStats(data=data)
 
     def update_state_after_alloc(
@@ -281,9 +327,17 @@ class SpotConnectorScheduler:
                 break
             self._loads.append(
                 BlockLoad(
-                    slots[first:], block.payload, offset < plan.staged, block.num_tokens, first
+                    slots[first:],
+                    block.payload,
+                    offset < plan.staged,
+                    block.num_tokens,
+                    first,
+                    request.request_id,
                 )
             )
+        if self._async_load:
+            # vLLM waits for this id in get_finished (it was told the load is asynchronous).
+            self._receiving.append(request.request_id)
         # A loaded tail is not a saved block: once full it must be saved like any other.
         full = [block for block in plan.blocks if block.is_full]
         tracked.chain = [block.prefix_hash for block in full]
@@ -298,12 +352,15 @@ class SpotConnectorScheduler:
         tracked.loaded_tokens = num_external_tokens
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> SpotConnectorMetadata:
+        with self._counts_lock:
+            mac_rejected, self._mac_rejected_blocks = self._mac_rejected_blocks, 0
         meta = SpotConnectorMetadata(
             loads=self._loads,
+            receiving=self._receiving,
             cached_blocks=self._cached_blocks,
-            mac_rejected_blocks=self._mac_rejected_blocks,
+            mac_rejected_blocks=mac_rejected,
         )
-        self._loads, self._cached_blocks, self._mac_rejected_blocks = [], 0, 0
+        self._loads, self._receiving, self._cached_blocks = [], [], 0
         if self._flushes:
             self._add_flushes(meta, self._flushes)
             self._flushes = []
@@ -370,6 +427,8 @@ class SpotConnectorScheduler:
         tracked = self._tracked.pop(request.request_id, None)
         if tracked is None:
             return False, None
+        if tracked.lookup is not None:
+            tracked.lookup.cancel()  # aborted while its store read was under way
         delay_free = False
         aborted = request.status == VllmRequestStatus.FINISHED_ABORTED
         if aborted and self._policy != "off" and not tracked.warm:
@@ -480,4 +539,6 @@ class SpotConnectorScheduler:
         return int(getattr(spec, "page_size_bytes", 1)) * self._blocks_per_chunk
 
     def shutdown(self) -> None:
+        if self._lookups is not None:
+            self._lookups.shutdown(wait=False, cancel_futures=True)
         self._store.close()

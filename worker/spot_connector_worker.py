@@ -1,11 +1,20 @@
 """The spot connector's worker side (in the model runner): it copies verified payloads into
-the paged cache before a forward pass, copies the blocks the scheduler side named out of it
-after, and hands them to the write-behind thread (kv_block_writer.py). It only copies bytes:
-which block is which, the scheduler side decided. See spot_connector.py for both sides.
+the paged cache, copies the blocks the scheduler side named out of it after a forward pass,
+and hands them to the write-behind thread (kv_block_writer.py). It only copies bytes: which
+block is which, the scheduler side decided. See spot_connector.py for both sides.
+
+A load is synchronous (copied before the step's forward pass) or, when the scheduler side
+lists its request in ``receiving``, asynchronous: copied on the loader thread while the
+step runs (vLLM holds the request back until get_finished names it; the slots it fills
+belong to no running request) and reported once done. A copy that fails reports its slots
+through `take_load_errors`, so vLLM recomputes them instead of reading garbage.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,12 +36,14 @@ from worker.persist_stats import (
     PersistReporter,
     PersistStats,
 )
-from worker.spot_connector_metadata import SpotConnectorMetadata
+from worker.spot_connector_metadata import BlockLoad, SpotConnectorMetadata
 
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 WRITER_CLOSE_SECONDS = 5.0
+
+log = logging.getLogger(__name__)
 
 
 class SpotConnectorWorker:
@@ -59,6 +70,10 @@ class SpotConnectorWorker:
         self._mac_rejected = 0
         self._writer = KVBlockWriter(store, kv_format, KV_WRITE_QUEUE_BLOCKS)
         self._persist_reporter = PersistReporter()
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-kv-load")
+        self._receiving: list[tuple[str, Future[None]]] = []
+        self._load_lock = threading.Lock()  # the loader thread counts and reports errors too
+        self._load_errors: set[int] = set()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         tensors = [kv_caches[name] for name in self._layer_names]
@@ -66,19 +81,48 @@ class SpotConnectorWorker:
         self._tensors = as_bytes(tensors)
 
     def start_load_kv(self, meta: SpotConnectorMetadata) -> None:
-        """Fills every layer of the step's loads before the forward pass."""
+        """Fills every layer of the step's synchronous loads before the forward pass, and
+        starts its asynchronous ones on the loader thread."""
         self._found_cached += meta.cached_blocks
         self._mac_rejected += meta.mac_rejected_blocks
+        receiving = set(meta.receiving)
+        later: dict[str, list[BlockLoad]] = {vllm_id: [] for vllm_id in meta.receiving}
         for load in meta.loads:
-            blocks, last = self._copier.last_block_tokens(load.num_tokens)
-            value, last = self._copier.part(
-                host_tensor(load.payload), blocks, last, load.first_block, len(load.block_ids)
-            )
-            self._copier.scatter(self._tensors, load.block_ids, value, last)
+            if load.vllm_id in receiving:
+                later[load.vllm_id].append(load)
+            else:
+                self._copy_in(load)
+        for vllm_id, loads in later.items():
+            self._receiving.append((vllm_id, self._loader.submit(self._copy_in_all, loads)))
+
+    def _copy_in_all(self, loads: list[BlockLoad]) -> None:
+        for load in loads:
+            try:
+                self._copy_in(load)
+            except Exception:
+                log.exception(
+                    "loading %d cache blocks failed; vLLM recomputes them", len(load.block_ids)
+                )
+                with self._load_lock:
+                    self._load_errors.update(load.block_ids)
+
+    def _copy_in(self, load: BlockLoad) -> None:
+        blocks, last = self._copier.last_block_tokens(load.num_tokens)
+        value, last = self._copier.part(
+            host_tensor(load.payload), blocks, last, load.first_block, len(load.block_ids)
+        )
+        self._copier.scatter(self._tensors, load.block_ids, value, last)
+        with self._load_lock:
             if load.staged:
                 self._loaded_staged += 1
             else:
                 self._loaded_from_store += 1
+
+    def take_load_errors(self) -> set[int]:
+        """Cache slots whose load failed since the last call (vLLM recomputes them)."""
+        with self._load_lock:
+            errors, self._load_errors = self._load_errors, set()
+        return errors
 
     def wait_for_save(self, meta: SpotConnectorMetadata) -> None:
         """Copies the step's saves out of the cache (whole blocks, all layers) after the
@@ -109,11 +153,13 @@ class SpotConnectorWorker:
         self._released.update(meta.released)
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
-        """The vLLM ids whose blocks are copied out, so vLLM may free them."""
-        if not self._released:
-            return None, None
+        """The vLLM ids whose blocks are copied out, so vLLM may free them, and those whose
+        asynchronous loads are copied in, so vLLM may schedule them."""
+        received = {vllm_id for vllm_id, copy in self._receiving if copy.done()}
+        if received:
+            self._receiving = [(i, copy) for i, copy in self._receiving if i not in received]
         released, self._released = self._released, set()
-        return released, None
+        return released or None, received or None
 
     def get_kv_connector_stats(self) -> PersistStats | None:
         """What the writer persisted since the last call (the worker's metrics add it up)."""
@@ -130,5 +176,6 @@ class SpotConnectorWorker:
         )
 
     def shutdown(self) -> None:
+        self._loader.shutdown(wait=True, cancel_futures=True)
         self._writer.close(WRITER_CLOSE_SECONDS)
         self._store.close()

@@ -32,10 +32,17 @@ class FakeStore:
         pass
 
 
-def _scheduler() -> SpotConnectorScheduler:
+def _scheduler(kv_load: str = "sync", store: Any = None) -> SpotConnectorScheduler:
     spec = SimpleNamespace(block_size=ENGINE_BLOCK, page_size_bytes=1000)
     config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)])
-    return SpotConnectorScheduler(config, FORMAT, "eager", FakeStore(), None)  # type: ignore[arg-type]
+    return SpotConnectorScheduler(
+        config,  # type: ignore[arg-type]
+        FORMAT,
+        "eager",
+        store or FakeStore(),
+        None,
+        kv_load=kv_load,
+    )
 
 
 def _request(tokens: int, computed: int, resume: bool = False) -> Any:
