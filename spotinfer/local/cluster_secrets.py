@@ -11,6 +11,7 @@ certificate; clients get the CA and the tenant key (`client_transport`, `api_key
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,9 @@ class ClusterSecrets:
     def make(cls, folder: Path) -> ClusterSecrets:
         # Absolute: the processes (redis-server among them) run in folders of their own.
         folder = folder.resolve() / FOLDER_NAME
+        # A folder used before (a log folder given again) holds the certificates of another
+        # CA: a node's are made on first use, and one of those would never verify.
+        shutil.rmtree(folder, ignore_errors=True)
         ca = make_ca(folder)
         nodes = tuple((role, make_node_cert(ca, folder, role, role)) for role in NODE_ROLES)
         keys_file = folder / KEYS_FILE_NAME

@@ -20,3 +20,17 @@ def test_a_relative_folder_gives_absolute_paths(tmp_path: Path) -> None:
     assert secrets.ca.cert.is_absolute() and secrets.ca.cert.exists()
     assert secrets.keys_file.is_absolute()
     assert all(paths.cert.is_absolute() for _, paths in secrets.nodes)
+
+
+def test_a_folder_used_before_gives_node_certificates_of_the_new_ca(tmp_path: Path) -> None:
+    """A node's certificate is made on first use; one left by an earlier cluster in the same
+    log folder was signed by that cluster's CA, and reusing it broke every TLS handshake of
+    the node ("certificate signature failure")."""
+    from cryptography import x509
+
+    ClusterSecrets.make(tmp_path).node_transport("worker", "node-0")
+    secrets = ClusterSecrets.make(tmp_path)
+    transport = secrets.node_transport("worker", "node-0")
+    ca = x509.load_pem_x509_certificate(Path(transport.ca_file).read_bytes())
+    node = x509.load_pem_x509_certificate(Path(transport.cert_file).read_bytes())
+    node.verify_directly_issued_by(ca)  # raises unless the new CA signed it
