@@ -1,7 +1,7 @@
 """Stall: what a resume's KV load from Redis costs the other sequences on the same worker,
 asynchronous load vs the synchronous baseline.
 
-    python -m benchmarks.kv_load_stall [--context 4096] [--streams 8] [--rounds 3]
+    python -m benchmarks.kv_load_stall [--context 4097] [--streams 8] [--rounds 3]
         [--json docs/bench/kv_load_stall.json]
 
 Real processes only: a redis-server started here, two standby workers that stay loaded —
@@ -11,7 +11,9 @@ fresh source worker A (SmolLM2-135M-Instruct, bfloat16, eager persistence, 256-t
 chunks, max_model_len 4608).
 
 One sample: A generates from a prompt of real token ids until the context is --context
-tokens and every full chunk of its KV is in Redis, and is SIGKILLed. On the standby under
+tokens and every full chunk of its KV is in Redis, and is SIGKILLed. At 4,097 tokens the KV
+of 4,096 — 16 whole chunks — is stored, so the resume loads it all and computes only the
+last token: the window measures the load, not a recompute. On the standby under
 test, --streams other requests decode (short prompts, long outputs); once every one of
 them streams, the benchmark calls `Worker.Resume` for A's request (t0) and waits for its
 first new token (t1). The other streams' decode rate is counted from their chunks' arrival
@@ -148,7 +150,7 @@ def one_sample(
         for stream in streams:
             stream.stop()
     wait_idle(standby)
-    if resumed["recomputed_tokens"] > CHUNK_TOKENS:
+    if resumed["recomputed_tokens"] >= CHUNK_TOKENS:
         raise RuntimeError(f"{request_id}: the resume recomputed: {resumed['detail']}")
     rate_before = before / args.baseline_seconds
     rate_during = during / (t1 - t0)
@@ -210,7 +212,7 @@ def measure(args: Any, model: str, console: Console) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = benchmark_parser(__doc__, rounds=3)
-    parser.add_argument("--context", type=int, default=4096, help="tokens of the resumed context")
+    parser.add_argument("--context", type=int, default=4097, help="tokens of the resumed context")
     parser.add_argument("--streams", type=int, default=8, help="other requests decoding")
     parser.add_argument("--stream-tokens", type=int, default=600, help="their max_tokens")
     parser.add_argument("--baseline-seconds", type=float, default=2.0)
