@@ -112,9 +112,7 @@ def test_inside_settle_seconds_only_a_long_interactive_queue_changes_a_cap() -> 
     _decode(controller, clock, tpot=0.09)  # 0.9 s: still too slow, and a request waits
     assert _tick(controller, entry, {INTER: 9}, oldest_wait=0.3) == []
     # A queue is measured now, not over the window: a long one grows the cap at once.
-    assert [d.decision for d in _tick(controller, entry, {INTER: 9}, oldest_wait=0.6)] == [
-        "grow"
-    ]
+    assert [d.decision for d in _tick(controller, entry, {INTER: 9}, oldest_wait=0.6)] == ["grow"]
     assert controller.cap(entry, INTER) == 17
     clock.advance(1.0)
     _decode(controller, clock, tpot=0.15)
