@@ -101,6 +101,61 @@ class _LoadPlan:
     skip_blocks: int = 0  # engine blocks of the first chunk that the local hit holds already
 
 
+def load_blocks(
+    wanted: list[BlockRead], staging_root: Path | None, kv_format: KVFormat, store: RedisStore
+) -> tuple[list[KVBlock | BlockRejected], list[bool]]:
+    """``wanted`` blocks, from the staging memory where a migration prefetched them (verified
+    like a store read), the rest from Redis in one round trip; with, per block, whether it
+    came from staging."""
+    loaded: list[KVBlock | BlockRejected | None] = [None] * len(wanted)
+    if staging_root is not None:
+        for position, read in enumerate(wanted):
+            if not read.is_full:
+                continue
+            data = read_staged(staging_root, read.prefix_hash)
+            if data is None:
+                continue
+            try:
+                loaded[position] = decode_block(
+                    read.name, data, kv_format, read.prefix_hash, read.num_tokens, store.keyring
+                )
+            except BlockRejected as rejected:
+                log.warning("staged %s; reading it from the store instead", rejected)
+    missing = [position for position, block in enumerate(loaded) if block is None]
+    if missing:
+        fetched = store.get_blocks([wanted[p] for p in missing], kv_format)
+        for position, block in zip(missing, fetched, strict=True):
+            loaded[position] = block
+    from_store = set(missing)
+    staged = [position not in from_store for position in range(len(wanted))]
+    return [block for block in loaded if block is not None], staged
+
+
+def add_flushes(meta: SpotConnectorMetadata, flushes: list[_Flush], block_bytes: int) -> None:
+    """Queue the flushes in the planner's order: every token list first, then the KV of the
+    requests with the least of it (the most requests complete soonest). ``block_bytes``: one
+    stored chunk's bytes, all layers."""
+    by_id = {flush.vllm_id: flush for flush in flushes}
+    plan = plan_flush(
+        [
+            PendingWork(
+                flush.vllm_id,
+                len(flush.commit.token_ids) if flush.commit else 0,
+                len(flush.saves) * block_bytes,
+            )
+            for flush in flushes
+        ],
+        LinkEstimate(FLUSH_ASSUMED_BYTES_PER_SECOND, FLUSH_ASSUMED_ROUND_TRIP_SECONDS),
+        seconds_left=float("inf"),
+    )
+    meta.commits.extend(flush.commit for flush in flushes if flush.commit is not None)
+    for step in plan.steps:
+        if step.kind is FlushKind.KV:
+            meta.saves.extend(by_id[step.request_id].saves)
+    meta.released.extend(flush.vllm_id for flush in flushes if flush.saves)
+    meta.without_kv.extend(flush.without_kv for flush in flushes if flush.without_kv)
+
+
 class SpotConnectorScheduler:
     """The scheduler role's half of `SpotKVConnector` (vLLM calls it from the engine core's
     scheduler, one thread). ``policy``: ``eager``, ``lazy`` or ``off`` (see spot_connector.py);
@@ -220,7 +275,7 @@ class SpotConnectorScheduler:
                 tail = kv_reads[-1]
         try:
             wanted = reads + ([tail] if tail is not None else [])
-            loaded, staged = self._load(wanted)
+            loaded, staged = load_blocks(wanted, self._staging_root, self._kv_format, self._store)
         except StoreUnavailable as exc:
             log.warning(
                 "resume of %s: Redis unavailable, recomputing (%s)", tracked.request_id, exc
@@ -247,38 +302,6 @@ class SpotConnectorScheduler:
             return _LoadPlan(first_block, [], 0)
         skip = (num_computed_tokens - first_block * block_tokens) // self._engine_block_tokens
         return _LoadPlan(first_block, usable, matched, sum(staged[: len(usable)]), skip)
-
-    def _load(self, wanted: list[BlockRead]) -> tuple[list[KVBlock | BlockRejected], list[bool]]:
-        """``wanted`` blocks, from the staging memory where a migration prefetched them
-        (verified like a store read), the rest from Redis in one round trip; with, per block,
-        whether it came from staging."""
-        loaded: list[KVBlock | BlockRejected | None] = [None] * len(wanted)
-        if self._staging_root is not None:
-            for position, read in enumerate(wanted):
-                if not read.is_full:
-                    continue
-                data = read_staged(self._staging_root, read.prefix_hash)
-                if data is None:
-                    continue
-                try:
-                    loaded[position] = decode_block(
-                        read.name,
-                        data,
-                        self._kv_format,
-                        read.prefix_hash,
-                        read.num_tokens,
-                        self._store.keyring,
-                    )
-                except BlockRejected as rejected:
-                    log.warning("staged %s; reading it from the store instead", rejected)
-        missing = [position for position, block in enumerate(loaded) if block is None]
-        if missing:
-            fetched = self._store.get_blocks([wanted[p] for p in missing], self._kv_format)
-            for position, block in zip(missing, fetched, strict=True):
-                loaded[position] = block
-        from_store = set(missing)
-        staged = [position not in from_store for position in range(len(wanted))]
-        return [block for block in loaded if block is not None], staged
 
     def _count_rejected(
         self, tracked: _Tracked, block: BlockRejected, *harmless: RejectReason
@@ -362,7 +385,8 @@ class SpotConnectorScheduler:
         )
         self._loads, self._receiving, self._cached_blocks = [], [], 0
         if self._flushes:
-            self._add_flushes(meta, self._flushes)
+            block_bytes = self._kv_format.layer_count * self._block_bytes_per_layer()
+            add_flushes(meta, self._flushes, block_bytes)
             self._flushes = []
         meta.final_commits, self._final_commits = self._final_commits, []
         if self._policy != "eager":
@@ -508,30 +532,6 @@ class SpotConnectorScheduler:
         outputs = tuple(request.output_token_ids)
         commit = TokenCommit(tracked.request_id, tracked.first_index, outputs) if outputs else None
         return _Flush(request.request_id, commit, saves, "" if computed else tracked.request_id)
-
-    def _add_flushes(self, meta: SpotConnectorMetadata, flushes: list[_Flush]) -> None:
-        """Queue the flushes in the planner's order: every token list first, then the KV of
-        the requests with the least of it (the most requests complete soonest)."""
-        block_bytes = self._kv_format.layer_count * self._block_bytes_per_layer()
-        by_id = {flush.vllm_id: flush for flush in flushes}
-        plan = plan_flush(
-            [
-                PendingWork(
-                    flush.vllm_id,
-                    len(flush.commit.token_ids) if flush.commit else 0,
-                    len(flush.saves) * block_bytes,
-                )
-                for flush in flushes
-            ],
-            LinkEstimate(FLUSH_ASSUMED_BYTES_PER_SECOND, FLUSH_ASSUMED_ROUND_TRIP_SECONDS),
-            seconds_left=float("inf"),
-        )
-        meta.commits.extend(flush.commit for flush in flushes if flush.commit is not None)
-        for step in plan.steps:
-            if step.kind is FlushKind.KV:
-                meta.saves.extend(by_id[step.request_id].saves)
-        meta.released.extend(flush.vllm_id for flush in flushes if flush.saves)
-        meta.without_kv.extend(flush.without_kv for flush in flushes if flush.without_kv)
 
     def _block_bytes_per_layer(self) -> int:
         """One chunk's bytes of one layer."""
