@@ -13,6 +13,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,7 @@ from tests.fleet.fleet_support import (
 pytestmark = pytest.mark.usefixtures("namespaces")
 
 PARTITION_SECONDS = 10.0
+STATE_ATTEMPTS = 3  # ListWorkers calls before a missing worker counts as unknown
 LONG_OUTPUT = (160, 200)  # long enough to be mid-stream when the disturbance comes
 
 
@@ -202,7 +204,14 @@ def test_a_restarted_coordinator_knows_every_node_within_one_lease_interval(
 
 def _state(fleet: Rehearsal, worker_id: str) -> str:
     """The coordinator's word for the worker: ready (routable), or what else it is."""
-    worker = fleet.known_workers().get(worker_id)
+    # An empty listing is a coordinator that did not answer within ListWorkers' 5 s (a
+    # loaded machine), never a fleet without workers: ask again before saying "unknown".
+    workers: dict[str, Any] = {}
+    for _ in range(STATE_ATTEMPTS):
+        workers = fleet.known_workers()
+        if workers:
+            break
+    worker = workers.get(worker_id)
     if worker is None:
         return "unknown"
     name = control_pb2.WorkerState.Name(worker.state).removeprefix("WORKER_STATE_").lower()

@@ -108,7 +108,9 @@ def test_the_boot_script_provisions_every_secret_and_the_coordinator_serves_mutu
 
     assert fleet.secrets is not None
     # The operator's certificate opens Control on the mutual-TLS port (no node yet) ...
-    wait_for(lambda: _lists_workers(fleet), 60, f"ListWorkers\n{fleet.logs_tail()}")
+    # A bound, not a timing: the VM's coordinator starts a Python process, slow on a loaded
+    # machine (60 s was once not enough at load average 13).
+    wait_for(lambda: _lists_workers(fleet), 180, f"ListWorkers\n{fleet.logs_tail()}")
     # ... a client with the CA only is refused there, and answered on the public port.
     anonymous = sync_channel(fleet.control_target, transport=fleet.secrets.client_transport)
     with anonymous, pytest.raises(grpc.RpcError):
