@@ -8,9 +8,8 @@ starting caps; the controller then moves them, per worker, every `interval_secon
     BATCH runs there
     INTERACTIVE requests queued past          grow INTERACTIVE by what waits (at least
     queue_fraction x the TTFT target          grow_step), whatever TPOT says, settled or
-                                              not: a request
-                                              queued past its TTFT target is a certain miss,
-                                              a longer TPOT for the batch a possible one
+                                              not: a request queued past its TTFT target is
+                                              a certain miss, a longer TPOT a possible one
     INTERACTIVE TPOT over its target,         shrink INTERACTIVE: shrink_factor x what runs
     nothing INTERACTIVE waiting
     INTERACTIVE TPOT over its target,         hold (a smaller batch would only move the miss
@@ -25,7 +24,8 @@ Additive increase, multiplicative decrease. Hysteresis: it grows only while TPOT
 `headroom` x the target and shrinks only over the target, so a TPOT inside that band holds;
 after a change it holds for `settle_seconds` and forgets its window, so the next decision
 sees only what the new cap produced (a long INTERACTIVE queue is the exception: it is
-measured now, not over the window, and grows the cap while a change settles). Bounds: `min_cap` .. the worker's max_num_seqs.
+measured now, not over the window, and grows the cap while a change settles).
+Bounds: `min_cap` .. the worker's max_num_seqs.
 
 Signals, per worker: TTFT is the larger of the p99 of first tokens in the window and the
 wait of the oldest INTERACTIVE request still queued (a queued request already misses what

@@ -177,10 +177,10 @@ class SpotConnectorScheduler:
         kv_load: str = "async",
     ) -> None:
         self._kv_cache_config = kv_cache_config
-        self._async_load = kv_load == "async"
+        # kv_load async: the store reads run here (None: inside the scheduler call).
         self._lookups = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-kv-lookup")
-            if self._async_load
+            if kv_load == "async"
             else None
         )
         # The lookup thread counts refused blocks; the scheduler thread reports them.
@@ -240,7 +240,7 @@ class SpotConnectorScheduler:
                 self._cached_blocks += num_computed_tokens // self._kv_format.block_tokens
             tracked.plan = plan
         matched = tracked.plan.matched_tokens
-        return matched, self._async_load and matched > 0
+        return matched, self._lookups is not None and matched > 0
 
     def _plan_load_logged(self, tracked: _Tracked, num_computed_tokens: int) -> _LoadPlan:
         """`_plan_load` on the lookup thread: a failure there costs a recompute, never the
@@ -358,7 +358,7 @@ class SpotConnectorScheduler:
                     request.request_id,
                 )
             )
-        if self._async_load:
+        if self._lookups is not None:
             # vLLM waits for this id in get_finished (it was told the load is asynchronous).
             self._receiving.append(request.request_id)
         # A loaded tail is not a saved block: once full it must be saved like any other.
