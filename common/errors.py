@@ -76,14 +76,14 @@ class PermissionDenied(ServiceError):
     http_code = "permission_denied"
 
 
-class RateLimited(ServiceError):
-    """An API key over its request rate or its concurrency (gRPC RESOURCE_EXHAUSTED with
-    trailing ``retry-after-ms``, HTTP 429 with ``Retry-After``), as a full queue answers."""
+class RetryLater(ServiceError):
+    """Refused for now, with a hint when to try again: RESOURCE_EXHAUSTED with trailing
+    metadata ``retry-after-ms``; HTTP 429 with ``Retry-After`` (whole seconds, at least 1)
+    and ``retry-after-ms``. The Python client waits the hint, with jitter, and tries again."""
 
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     http_status = 429
     http_type = "rate_limit_error"
-    http_code = "rate_limit_exceeded"
 
     def __init__(self, message: str, retry_after_ms: int) -> None:
         super().__init__(f"{message}; retry after {retry_after_ms} ms")
@@ -97,3 +97,9 @@ class RateLimited(ServiceError):
             "Retry-After": str(max(1, math.ceil(self.retry_after_ms / 1000))),
             RETRY_AFTER_METADATA_KEY: str(self.retry_after_ms),
         }
+
+
+class RateLimited(RetryLater):
+    """An API key over its request rate or its concurrency, answered as a full queue is."""
+
+    http_code = "rate_limit_exceeded"

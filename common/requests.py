@@ -6,6 +6,7 @@ passes these.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -56,6 +57,9 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
+    """None: no log probabilities; k: each output token's own and its k most likely
+    alternatives' (0: its own only; at most `MAX_LOGPROBS`)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,23 @@ class EngineTiming:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at an output position, with its log probability."""
+
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The log probabilities at one output position, as the engine's sampler gave them
+    (before temperature and top-p: vLLM's raw logprobs)."""
+
+    logprob: float  # the sampled token's
+    top: tuple[TopLogprob, ...] = ()  # the k most likely tokens, most likely first
+
+
+@dataclass(frozen=True)
 class TokenChunk:
     """New output of one engine step: `token_ids` start at output index `index`."""
 
@@ -110,10 +131,26 @@ class TokenChunk:
     worker_id: str = ""
     engine_timing: EngineTiming | None = None
     """On the first chunk with tokens from an engine: when that engine scheduled it."""
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    """One per token of `token_ids`, when the request asked for them; empty otherwise (and
+    for tokens a resume replays from the store, which keeps no log probabilities). Code that
+    cuts `token_ids[n:]` cuts `logprobs[n:]` with it, so both stay aligned."""
 
     @property
     def finished(self) -> bool:
         return self.finish_reason != FinishReason.NONE
+
+    def from_index(self, index: int, text: str) -> TokenChunk:
+        """This chunk from output ``index`` on (clamped to its tokens), their logprobs cut
+        with them; ``text``: the text of the kept tokens."""
+        skip = min(max(0, index - self.index), len(self.token_ids))
+        return dataclasses.replace(
+            self,
+            index=self.index + skip,
+            token_ids=self.token_ids[skip:],
+            text=text,
+            logprobs=self.logprobs[skip:],
+        )
 
 
 @dataclass
@@ -125,6 +162,9 @@ class RequestOutput:
     text: str = ""
     finish_reason: FinishReason = FinishReason.NONE
     events: list[Event] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    """``logprobs[i]`` is token i's when the request asked for them; None, or missing at the
+    end, where a chunk had none (tokens a resume replayed from the store)."""
 
     def add(self, chunk: TokenChunk) -> None:
         if chunk.token_ids and chunk.index != len(self.token_ids):
@@ -132,6 +172,9 @@ class RequestOutput:
                 f"request {self.request_id}: chunk at index {chunk.index}, "
                 f"expected {len(self.token_ids)}"
             )
+        if chunk.logprobs:
+            self.logprobs.extend([None] * (len(self.token_ids) - len(self.logprobs)))
+            self.logprobs.extend(chunk.logprobs)
         self.token_ids.extend(chunk.token_ids)
         self.text += chunk.text
         if chunk.event is not None:

@@ -14,6 +14,7 @@ from common.errors import InvalidRequest
 from common.requests import PRIORITY_LEVELS, Sampling
 
 __all__ = [
+    "MAX_LOGPROBS",
     "InvalidRequest",
     "Limits",
     "check_prompt_choice",
@@ -26,6 +27,9 @@ __all__ = [
 MAX_REQUEST_ID_CHARS = 128
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+MAX_LOGPROBS = 20
+"""The most alternatives a request may ask log probabilities of: vLLM's own default
+`max_logprobs`, which the worker passes to its engine (worker/engine_builder.py)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,11 @@ def check_sampling(sampling: Sampling, prompt_len: int, limits: Limits) -> None:
         raise InvalidRequest(f"top_p must be in (0, 1], got {sampling.top_p}")
     if sampling.top_k < 0:
         raise InvalidRequest(f"top_k must be 0 (disabled) or positive, got {sampling.top_k}")
+    if sampling.logprobs is not None and not 0 <= sampling.logprobs <= MAX_LOGPROBS:
+        raise InvalidRequest(
+            f"logprobs must be in 0..{MAX_LOGPROBS} (the sampled token's own, plus that many "
+            f"alternatives), got {sampling.logprobs}"
+        )
     if len(sampling.stop) > MAX_STOP_STRINGS:
         raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings")
     if any(not s or len(s) > MAX_STOP_STRING_CHARS for s in sampling.stop):

@@ -2,6 +2,8 @@
 
     Generate ─▶ enqueue ─┬─ a worker has a slot ──────────────▶ Lease (placed at once)
                          ├─ its queue has room ─▶ Ticket ─ wait ─▶ Lease (when a slot frees)
+                         │                          └─ no worker ready for capacity_wait_seconds
+                         │                             ─▶ NoWorkerInTime (RESOURCE_EXHAUSTED)
                          └─ its queue is full ──▶ QueueFull (RESOURCE_EXHAUSTED + retry hint)
 
 A worker's slots: `max_seqs_per_worker`, else the max_num_seqs its engine was sized for by
@@ -14,6 +16,22 @@ must not leave slots idle while requests wait. Within a class, first come first 
 With the batch controller on (`batch_controller.py`), each class's cap on each worker is the
 one the controller set last, not the static one: a cap it shrank leaves slots idle on
 purpose, so that the INTERACTIVE class decodes fast enough.
+
+Capacity gaps (no worker routable and no standby to promote: the fleet was noticed at once
+and its replacements boot). With `capacity_wait_seconds` 0 a request that arrives then is
+refused at once (NoWorkerAvailable, UNAVAILABLE). Otherwise it waits in its class's queue,
+like one waiting for a slot, and is placed by the first `pump` that finds a worker (pump runs
+after every heartbeat, and a worker's registration is followed by one). A new arrival that
+has waited `capacity_wait_seconds` through the gap — counted from its arrival or from the
+start of the gap, whichever is later; a routable worker ends the gap — leaves its queue with
+NoWorkerInTime (RESOURCE_EXHAUSTED and the base retry hint: its retry waits in the queue
+again). The bound is checked at every pump, so it is met within a heartbeat.
+
+Requests that were already admitted and must move (`requeue`: their worker was noticed) are
+never refused: they go to the head of their class's queue even beyond its capacity, keep that
+place, and wait as long as it takes. They take places of the queue all the same: a new
+arrival is refused with QueueFull once the queue holds `capacity` tickets, moving ones
+included, so a fleet-wide notice leaves that much less room for new requests.
 """
 
 from __future__ import annotations
@@ -26,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from common.requests import GenerationRequest, SlaClass
-from coordinator.errors import NoWorkerAvailable, QueueFull
+from coordinator.errors import NoWorkerAvailable, NoWorkerInTime, QueueFull
 from coordinator.registry import Registry, WorkerEntry
 from coordinator.routing import RoutingPolicy
 from coordinator.standby_pool import StandbyPool
@@ -43,6 +61,7 @@ class AdmissionLimits:
     max_seqs_per_worker: int  # 0: each worker's max_num_seqs
     class_cap_per_worker: dict[SlaClass, int]  # 0: no cap for that class
     retry_after_ms: int
+    capacity_wait_seconds: float = 0.0  # 0: refuse at once while no worker is routable
 
 
 class ClassCaps(Protocol):
@@ -75,13 +94,15 @@ class Lease:
 
 @dataclass(eq=False)
 class Ticket:
-    """A request waiting in its class's queue."""
+    """A request waiting in its class's queue. ``moving``: admitted before and moving off a
+    noticed worker (never refused for want of a worker)."""
 
     request: GenerationRequest
     future: asyncio.Future[Lease] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     enqueued_monotonic: float = 0.0
+    moving: bool = False
 
 
 class Admission:
@@ -105,6 +126,7 @@ class Admission:
             sla: collections.deque() for sla in SlaClass
         }
         self._caps: ClassCaps | None = None
+        self._gap_since_monotonic: float | None = None  # since when no worker is routable
 
     def use_caps(self, caps: ClassCaps) -> None:
         """Class caps from ``caps`` from now on (the batch controller), not the static ones."""
@@ -128,6 +150,11 @@ class Admission:
             return self._caps.cap(entry, sla)
         return self._limits.class_cap_per_worker.get(sla, 0)
 
+    @property
+    def waits_for_capacity(self) -> bool:
+        """Whether a request that finds no worker waits for one (else it is refused)."""
+        return self._limits.capacity_wait_seconds > 0
+
     def capacity(self, sla_class: SlaClass) -> int:
         return self._limits.queue_capacity[sla_class]
 
@@ -143,14 +170,17 @@ class Admission:
     # -- admission -----------------------------------------------------------------------
 
     def enqueue(self, request: GenerationRequest) -> Ticket:
-        """Places the request at once or queues it; raises QueueFull or NoWorkerAvailable."""
+        """Places the request at once or queues it (while no worker is routable too, when
+        capacity waits are on); raises QueueFull, or NoWorkerAvailable when they are off."""
         sla = request.sla_class
-        if not self._registry.routable() and self._pool.promote_one() is None:
+        routable = bool(self._registry.routable()) or self._pool.promote_one() is not None
+        if not routable and not self.waits_for_capacity:
             raise NoWorkerAvailable("no worker is ready to serve requests")
-        ticket = Ticket(request, enqueued_monotonic=self._registry.now())
+        now = self._registry.now()
+        ticket = Ticket(request, enqueued_monotonic=now)
         # Waiting requests of a class before this one could use no free slot (every release
         # pumps the queues), so a free slot this request fits is one they cannot take.
-        if not self._queues[sla]:
+        if routable and not self._queues[sla]:
             lease = self._place(request)
             if lease is not None:
                 ticket.future.set_result(lease)
@@ -159,6 +189,10 @@ class Admission:
         if len(queue) >= self.capacity(sla):
             raise QueueFull(sla.name, self.capacity(sla), self._retry_after_ms())
         queue.append(ticket)
+        if not routable:
+            if self._gap_since_monotonic is None:
+                self._gap_since_monotonic = now
+            log.info("request %s waits for a worker to become ready", request.request_id)
         self._on_change()
         return ticket
 
@@ -176,10 +210,11 @@ class Admission:
         if ticket in queue:
             queue.remove(ticket)
             self._on_change()
-        if ticket.future.done() and not ticket.future.cancelled():
-            ticket.future.result().release()
-        else:
-            ticket.future.cancel()
+        future = ticket.future
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled() and future.exception() is None:
+            future.result().release()
 
     def suspect(self, entry: WorkerEntry) -> None:
         """A stream of ``entry`` broke: nothing new goes there until it answers again."""
@@ -217,7 +252,7 @@ class Admission:
         noticed): a routable worker with room, else a promoted standby, else the head of its
         class's queue — beyond the queue's capacity, since the request was accepted once and
         must never fail for want of room; it runs as soon as a slot frees."""
-        ticket = Ticket(request, enqueued_monotonic=self._registry.now())
+        ticket = Ticket(request, enqueued_monotonic=self._registry.now(), moving=True)
         lease = self.reserve(request, exclude)
         if lease is not None:
             ticket.future.set_result(lease)
@@ -257,6 +292,7 @@ class Admission:
                 ticket.future.set_result(lease)
             # INTERACTIVE requests still waiting fit nowhere now, so the next class gets only
             # slots they cannot use (their class cap is reached).
+        self._refuse_past_capacity_wait()
         self._on_change()
 
     # -- internals -----------------------------------------------------------------------
@@ -292,6 +328,34 @@ class Admission:
         lease.entry.in_flight[lease.sla_class] -= 1
         lease.entry.reserved_kv_blocks -= lease.kv_blocks
         self.pump()
+
+    def _refuse_past_capacity_wait(self) -> None:
+        """Tracks the capacity gap, and takes the new arrivals that waited through it for
+        `capacity_wait_seconds` out of their queues with NoWorkerInTime (moving ones stay)."""
+        if self._registry.routable() or not self.waits_for_capacity:
+            self._gap_since_monotonic = None
+            return
+        now = self._registry.now()
+        if self._gap_since_monotonic is None:
+            self._gap_since_monotonic = now
+        bound = self._limits.capacity_wait_seconds
+        for queue in self._queues.values():
+            expired = [
+                ticket
+                for ticket in queue
+                if not ticket.moving
+                and now - max(ticket.enqueued_monotonic, self._gap_since_monotonic) >= bound
+            ]
+            for ticket in expired:
+                queue.remove(ticket)
+                if ticket.future.done():  # withdrawn meanwhile
+                    continue
+                log.warning(
+                    "request %s: no worker became ready within %g s; refused",
+                    ticket.request.request_id,
+                    bound,
+                )
+                ticket.future.set_exception(NoWorkerInTime(bound, self._limits.retry_after_ms))
 
     def _retry_after_ms(self) -> int:
         """The base hint, once more for every full round of slots the backlog would need."""

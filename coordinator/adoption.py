@@ -24,6 +24,7 @@ the wait) does the request resume elsewhere, from what the store holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +38,8 @@ from coordinator.constants import (
     ADOPT_PAUSE_WAIT_SECONDS,
     ADOPT_POLL_SECONDS,
     RECORD_FLUSH_INTERVAL_SECONDS,
+    RELEASE_RETRY_INTERVAL_SECONDS,
+    RELEASE_RETRY_WINDOW_SECONDS,
 )
 from coordinator.errors import UnknownRequest
 from coordinator.registry import WorkerState
@@ -86,7 +89,8 @@ class Adopted:
 class Adoption:
     """Finds requests other coordinators started. ``own_address`` returns this coordinator's
     gRPC address as written in route records (known once the server is bound);
-    ``pause_wait_seconds``: how long a record may stay RUNNING before it is adopted anyway."""
+    ``pause_wait_seconds``: how long a record may stay RUNNING before it is adopted anyway;
+    ``release_retry_seconds``: (interval, window) of a release that found no record."""
 
     def __init__(
         self,
@@ -96,8 +100,14 @@ class Adoption:
         max_message_bytes: int,
         transport: TransportConfig = PLAINTEXT,
         pause_wait_seconds: float = ADOPT_PAUSE_WAIT_SECONDS,
+        release_retry_seconds: tuple[float, float] = (
+            RELEASE_RETRY_INTERVAL_SECONDS,
+            RELEASE_RETRY_WINDOW_SECONDS,
+        ),
     ) -> None:
         self._transport = transport
+        self._release_retry_seconds = release_retry_seconds
+        self._stopping = asyncio.Event()  # releases stop retrying (the coordinator stops)
         self._pause_wait_seconds = pause_wait_seconds
         self._records = records
         self._store = store
@@ -194,12 +204,35 @@ class Adoption:
         return Adopted(request, record, on_owner=on_owner)
 
     async def release(self, request_id: str) -> None:
-        """A reader got the request's end: its keys need stay no longer than the retention."""
-        try:
-            found = await asyncio.to_thread(self._store.release_request, request_id)
-            log.info("request %s released (%s)", request_id, "held" if found else "no record")
-        except StoreError as exc:  # they expire after the undelivered retention anyway
-            log.warning("request %s: its keys were not released: %s", request_id, exc)
+        """A reader got the request's end: its keys need stay no longer than the retention.
+
+        A store that is down, or that restarted empty, has no record to release yet, but the
+        request's worker writes it again once it reaches the store (with every token and its
+        end); released then or never, it would keep its keys the undelivered retention. So
+        a release that found nothing is tried again for a while (``release_retry_seconds``),
+        until the coordinator stops (`stop_retrying`).
+        """
+        interval, window = self._release_retry_seconds
+        deadline = time.monotonic() + window
+        while True:
+            try:
+                if await asyncio.to_thread(self._store.release_request, request_id):
+                    log.info("request %s released", request_id)
+                    return
+                reason = "no record"
+            except StoreError as exc:
+                reason = str(exc)
+            if time.monotonic() + interval > deadline or self._stopping.is_set():
+                # They expire after the undelivered retention anyway.
+                log.info("request %s: nothing to release (%s)", request_id, reason)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)
+
+    def stop_retrying(self) -> None:
+        """Releases still waiting for their record give up now (the coordinator stops: one
+        that restarts finds the request again, and a reader's end releases it then)."""
+        self._stopping.set()
 
     async def _read(self, request_id: str) -> RequestRecord:
         try:

@@ -20,13 +20,14 @@ from common.errors import InvalidRequest, ServiceError, is_unexpected
 from common.requests import EventKind, FinishReason, SlaClass, TokenChunk
 from coordinator.batch_files import BatchLine
 from coordinator.dispatcher import Dispatcher
-from coordinator.errors import NoWorkerAvailable, QueueFull, UnknownRequest
+from coordinator.errors import NoWorkerAvailable, NoWorkerInTime, QueueFull, UnknownRequest
 from coordinator.openai_requests import ParsedBody, parse_body
 from coordinator.openai_shapes import ChatShape, CompletionShape, Shape, combined
 
 
 class Busy(Exception):
-    """No room for the line now (a full queue, no worker): the runner tries it again."""
+    """No room for the line now (a full queue, no worker, none within the capacity wait):
+    the runner tries it again."""
 
 
 class NotAttachable(Exception):
@@ -120,6 +121,8 @@ class DispatcherLines:
         ]
         for one, prompt_ids in zip(shapes, parsed.prompts, strict=True):
             one.decode = self._dispatcher.tokenizer.whole_decoder(prompt_ids)
+            if parsed.sampling.logprobs is not None:
+                one.with_logprobs(self._dispatcher.tokenizer.candidate_texts(prompt_ids))
         stats = _Stats()
         try:
             streams = [
@@ -175,8 +178,11 @@ class DispatcherLines:
             )
         except (QueueFull, NoWorkerAvailable) as exc:
             raise Busy(str(exc)) from exc
-        async for chunk in relay.follow(0):
-            yield chunk
+        try:
+            async for chunk in relay.follow(0):
+                yield chunk
+        except NoWorkerInTime as exc:  # it waited through a capacity gap: tried again later
+            raise Busy(str(exc)) from exc
 
     async def cancel(self, request_id: str) -> None:
         for rid in self._running.get(request_id, []):

@@ -28,6 +28,7 @@ from coordinator.batch_controller import BatchControllerConfig
 from coordinator.constants import (
     DEFAULT_BATCH_LINES_IN_FLIGHT,
     DEFAULT_BATCH_QUEUE_CAPACITY,
+    DEFAULT_CAPACITY_WAIT_SECONDS,
     DEFAULT_DISCONNECT_GRACE_SECONDS,
     DEFAULT_FAILOVER_POLICY,
     DEFAULT_GRPC_PORT,
@@ -177,6 +178,16 @@ class CoordinatorConfig:
         default=DEFAULT_RETRY_AFTER_MS,
         metadata={"help": "base retry hint for a client whose queue was full"},
     )
+    capacity_wait_seconds: float = field(
+        default=DEFAULT_CAPACITY_WAIT_SECONDS,
+        metadata={
+            "help": "how long a request that arrives while no worker is ready (and no standby "
+            "can be promoted) waits in its queue for one, e.g. a replacement VM booting, "
+            "before it is refused (RESOURCE_EXHAUSTED / 429 with the retry hint); checked at "
+            "every heartbeat. 0: refused at once (UNAVAILABLE / 503). Requests already "
+            "admitted that wait to move are never refused"
+        },
+    )
     heartbeat_interval_seconds: float = field(
         default=DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
         metadata={"help": "how often each worker's Stats is polled"},
@@ -281,6 +292,11 @@ class CoordinatorConfig:
             raise ValueError(
                 f"rebalance_policy must be one of {REBALANCE_POLICIES}, "
                 f"got {self.rebalance_policy!r}"
+            )
+        if not math.isfinite(self.capacity_wait_seconds) or self.capacity_wait_seconds < 0:
+            raise ValueError(
+                "capacity_wait_seconds must be a finite number of seconds >= 0 (0: refuse at "
+                f"once), got {self.capacity_wait_seconds}"
             )
         if self.heartbeat_interval_seconds <= 0:
             raise ValueError("heartbeat_interval_seconds must be positive")

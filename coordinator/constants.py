@@ -30,6 +30,9 @@ DEFAULT_BATCH_QUEUE_CAPACITY = 1024
 # The retry hint a rejected client gets grows with the backlog it would have joined.
 DEFAULT_RETRY_AFTER_MS = 500
 RETRY_AFTER_METADATA_KEY = "retry-after-ms"
+# A request that arrives while no worker is ready waits this long for one: a spot VM noticed
+# with the rest of the fleet is replaced by one that boots in about 45 s.
+DEFAULT_CAPACITY_WAIT_SECONDS = 60.0
 
 # --- relay ------------------------------------------------------------------------------------
 # A finished request stays attachable this long (a client that lost its connection at the end).
@@ -87,6 +90,11 @@ PREFETCH_TIMEOUT_SECONDS = 10.0
 # Resume pauses the old run first, or elsewhere from the store when that worker is gone.
 ADOPT_PAUSE_WAIT_SECONDS = 10.0
 ADOPT_POLL_SECONDS = 0.05
+# A release that found no record, or no store, is tried again this often for this long: a
+# store that restarted empty gets the record back from its worker (token_committer.py) a
+# moment later, and that record would otherwise keep its keys the undelivered retention.
+RELEASE_RETRY_INTERVAL_SECONDS = 1.0
+RELEASE_RETRY_WINDOW_SECONDS = 60.0
 
 # --- request records in Redis -----------------------------------------------------------------
 # Delivered lengths are written behind, batched, at most this often.

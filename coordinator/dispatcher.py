@@ -31,7 +31,7 @@ from coordinator.admission import Admission, Ticket
 from coordinator.adoption import Adopted, Adoption, ReplicaUnavailable
 from coordinator.batch_controller import BatchController
 from coordinator.constants import RETENTION_SWEEP_INTERVAL_SECONDS
-from coordinator.errors import NoWorkerAvailable, QueueFull, UnknownWorker
+from coordinator.errors import NoWorkerAvailable, NoWorkerInTime, QueueFull, UnknownWorker
 from coordinator.failover import FailoverPolicy, InterruptionKind
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.prompt_tokenizer import PromptTokenizer
@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 _HELD_FINISHES = (FinishReason.STOP, FinishReason.LENGTH)
 # Without a tokenizer the vocabulary is unknown here; the worker checks token ids itself.
 _UNKNOWN_VOCAB_SIZE = 2**32
+# Before any worker reported its context length; the worker checks against its own.
+_UNKNOWN_CONTEXT_LENGTH = 2**31
 
 
 class Dispatcher:
@@ -88,7 +90,11 @@ class Dispatcher:
     # -- requests ------------------------------------------------------------------------
 
     def limits(self) -> Limits:
+        """What the ready workers can take; while none is ready (and requests wait for one),
+        what the workers last reported. Raises NoWorkerAvailable when nothing is known."""
         max_model_len = self._registry.max_model_len()
+        if max_model_len == 0 and self._admission.waits_for_capacity:
+            max_model_len = self._registry.last_max_model_len()
         if max_model_len == 0:
             raise NoWorkerAvailable("no worker is ready to serve requests")
         return Limits(
@@ -96,6 +102,20 @@ class Dispatcher:
             max_tokens_limit=max_model_len,
             vocab_size=self.tokenizer.vocab_size or _UNKNOWN_VOCAB_SIZE,
         )
+
+    def _submit_limits(self) -> Limits:
+        """`limits`; while no worker ever reported any and requests wait for one, only what
+        needs no worker is checked here: the worker it lands on checks the rest."""
+        try:
+            return self.limits()
+        except NoWorkerAvailable:
+            if not self._admission.waits_for_capacity:
+                raise
+            return Limits(
+                max_model_len=_UNKNOWN_CONTEXT_LENGTH,
+                max_tokens_limit=_UNKNOWN_CONTEXT_LENGTH,
+                vocab_size=self.tokenizer.vocab_size or _UNKNOWN_VOCAB_SIZE,
+            )
 
     def existing(self, request_id: str) -> Relay | None:
         """The request with that id, if this coordinator has it (Generate then attaches)."""
@@ -131,7 +151,7 @@ class Dispatcher:
         if relay is not None:
             return relay
         try:
-            limits = self.limits()
+            limits = self._submit_limits()
             check_prompt_tokens(prompt_token_ids, limits)
             check_sampling(sampling, len(prompt_token_ids), limits)
             if priority is not None:
@@ -292,6 +312,10 @@ class Dispatcher:
         self._note(relay)
 
     def finished(self, relay: Relay) -> None:
+        if isinstance(relay.error, NoWorkerInTime):
+            # Turned away before it ran: its id is free for the client's retry.
+            self._metrics.rejected.labels("no_worker_in_time").inc()
+            self._table.forget(relay.request_id)
         self._failover.request_finished(relay.request_id)
         if self.batch_controller is not None:
             self.batch_controller.request_done(relay.request_id)
@@ -386,6 +410,8 @@ class Dispatcher:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
         await asyncio.gather(*(relay.stop() for relay in self._table))
+        if self._adoption is not None:
+            self._adoption.stop_retrying()
         await asyncio.gather(*self._releases, return_exceptions=True)
 
     async def _sweep(self) -> None:

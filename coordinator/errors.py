@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-import math
-
 import grpc
 
-from common.errors import InvalidRequest, ServiceError
-from coordinator.constants import RETRY_AFTER_METADATA_KEY
+from common.errors import InvalidRequest, RetryLater, ServiceError
 
 __all__ = [
     "IndexOutOfRange",
     "InvalidRequest",
     "NoWorkerAvailable",
+    "NoWorkerInTime",
     "NothingPersisted",
     "QueueFull",
     "RequestLost",
@@ -24,32 +22,22 @@ __all__ = [
 ]
 
 
-class QueueFull(ServiceError, RuntimeError):
-    """The request's SLA-class queue is full; maps to RESOURCE_EXHAUSTED (HTTP 429).
-
-    The client is told when to try again, in the message and in the trailing metadata
-    ``retry-after-ms`` (HTTP: ``Retry-After`` in whole seconds, and ``retry-after-ms``).
-    """
-
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    http_status = 429
-    http_type = "rate_limit_error"
+class QueueFull(RetryLater, RuntimeError):
+    """The request's SLA-class queue is full; RESOURCE_EXHAUSTED (HTTP 429) with a retry
+    hint (see `common.errors.RetryLater`)."""
 
     def __init__(self, sla_class_name: str, capacity: int, retry_after_ms: int) -> None:
-        super().__init__(
-            f"the {sla_class_name} queue is full ({capacity} waiting); "
-            f"retry after {retry_after_ms} ms"
-        )
-        self.retry_after_ms = retry_after_ms
+        super().__init__(f"the {sla_class_name} queue is full ({capacity} waiting)", retry_after_ms)
 
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((RETRY_AFTER_METADATA_KEY, str(self.retry_after_ms)),)
 
-    def http_headers(self) -> dict[str, str]:
-        return {
-            "Retry-After": str(max(1, math.ceil(self.retry_after_ms / 1000))),
-            RETRY_AFTER_METADATA_KEY: str(self.retry_after_ms),
-        }
+class NoWorkerInTime(RetryLater, RuntimeError):
+    """A request that waited in its queue while no worker was ready (a capacity gap: every
+    VM noticed, replacements booting) and got none within ``capacity_wait_seconds``;
+    RESOURCE_EXHAUSTED (HTTP 429) with a retry hint. It never ran: its id is free again."""
+
+    def __init__(self, waited_seconds: float, retry_after_ms: int) -> None:
+        super().__init__(f"no worker became available within {waited_seconds:g} s", retry_after_ms)
+        self.waited_seconds = waited_seconds
 
 
 class NoWorkerAvailable(ServiceError, RuntimeError):

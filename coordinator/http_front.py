@@ -12,8 +12,10 @@ Both POST routes stream as server-sent events (`"stream": true`, ending `data: [
 answer with one JSON object. Errors come back in OpenAI's shape, `{"error": {...}}`, with the
 HTTP status our typed errors map to; a full queue is 429 with `Retry-After`.
 Extensions: `sla_class` ("interactive" | "batch") and `request_id` in the body, `top_k`,
-`ignore_eos`, `seed`. A field it cannot honour (`logprobs`, penalties, `logit_bias`, tools, a
-typo) is a 400 that names it (coordinator/openai_params.py), never ignored.
+`ignore_eos`, `seed`. Logprobs: a completion's `logprobs: k`, a chat's `logprobs: true` with
+`top_logprobs: k` (k up to 20; openai_logprobs.py). A field it cannot honour (penalties,
+`logit_bias`, tools, `echo`, a typo) is a 400 that names it (coordinator/openai_params.py),
+never ignored.
 
 Access: with a keys file every /v1 route needs ``Authorization: Bearer <key>`` (401 with
 code ``invalid_api_key`` otherwise) and a key's rate and concurrency limits answer 429 with
@@ -227,6 +229,8 @@ class HttpFront:
         ]
         for one, prompt_ids in zip(shapes, parsed.prompts, strict=True):
             one.decode = self._dispatcher.tokenizer.whole_decoder(prompt_ids)
+            if parsed.sampling.logprobs is not None:
+                one.with_logprobs(self._dispatcher.tokenizer.candidate_texts(prompt_ids))
         if parsed.stream:
             return await self._stream(request, relays, shapes, parsed.include_usage)
         try:

@@ -5,8 +5,8 @@ batch job runner read `/v1/completions` and `/v1/chat/completions` bodies the sa
 
 A completion's `prompt` may be a list of prompts (OpenAI semantics): each becomes its own
 request, whose answer is choice `index` i. A field we cannot honour is refused, never
-ignored (`n` other than 1, and the fields of coordinator/openai_params.py: `logprobs`,
-penalties, `logit_bias`, tools, a typo).
+ignored (`n` other than 1, and the fields of coordinator/openai_params.py: penalties,
+`logit_bias`, tools, `echo`, a typo). Log probabilities become `Sampling.logprobs`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from coordinator.constants import (
     OPENAI_DEFAULT_TEMPERATURE,
 )
 from coordinator.dispatcher import Dispatcher
-from coordinator.openai_params import check_supported
+from coordinator.openai_params import check_supported, requested_logprobs
 
 SLA_BY_NAME = {"interactive": SlaClass.INTERACTIVE, "batch": SlaClass.BATCH}
 
@@ -63,6 +63,10 @@ def parse_body(
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise InvalidRequest("messages must be a non-empty list")
+        # A list of lists is a *batch* of conversations to the chat template: one prompt of
+        # token-id lists, not of token ids.
+        if not all(isinstance(message, dict) for message in messages):
+            raise InvalidRequest("messages must be objects (role, content)")
         prompts: tuple[tuple[int, ...], ...] = (dispatcher.prompt_ids("", (), messages=messages),)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     else:
@@ -87,6 +91,7 @@ def parse_body(
             seed=None if body.get("seed") is None else _int(body, "seed", 0),
             stop=_stop(body.get("stop")),
             ignore_eos=bool(body.get("ignore_eos", False)),
+            logprobs=requested_logprobs(body, chat),
         ),
         sla_class=SLA_BY_NAME[sla_name],
         request_id=str(body.get("request_id", "")),

@@ -1,6 +1,8 @@
 """OpenAI's answer objects, built from the relay's chunks: a completion (`text_completion`)
 and a chat completion, whole or as stream events. A completion of several prompts has one
-shape per prompt (choice `index` i) and their usage summed (`combined`)."""
+shape per prompt (choice `index` i) and their usage summed (`combined`). A request that
+asked for logprobs gets them in each choice (openai_logprobs.py); otherwise `logprobs` is
+null."""
 
 from __future__ import annotations
 
@@ -9,6 +11,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from common.requests import FinishReason, TokenChunk
+from coordinator.openai_logprobs import (
+    CandidateTexts,
+    ChatLogprobs,
+    CompletionLogprobs,
+    Logprobs,
+)
 
 FINISH_NAMES = {
     FinishReason.STOP: "stop",
@@ -22,6 +30,7 @@ class Shape:
     """How one endpoint's answer is built from the relay's chunks."""
 
     stream_object = ""
+    logprobs_kind: type[Logprobs] = Logprobs
 
     def __init__(
         self,
@@ -43,13 +52,25 @@ class Shape:
         # Decodes the whole output at once (the answer given in one piece): its text then
         # does not depend on where the chunks were cut (a resume mid-character).
         self.decode: Callable[[list[int]], str | None] = lambda ids: None
+        self.logprobs: Logprobs | None = None  # the request asked for them (`with_logprobs`)
 
-    def add(self, chunk: TokenChunk) -> None:
+    def with_logprobs(self, texts: CandidateTexts) -> None:
+        self.logprobs = self.logprobs_kind(texts)
+
+    def add(self, chunk: TokenChunk) -> dict[str, Any] | None:
+        """Takes ``chunk`` in; returns the logprobs object of its tokens (None unless the
+        request asked for logprobs)."""
         self.completion_tokens += len(chunk.token_ids)
         self.text += chunk.text
         self.token_ids.extend(chunk.token_ids)
         if chunk.finished:
             self.finish = FINISH_NAMES.get(chunk.finish_reason, "stop")
+        if self.logprobs is None:
+            return None
+        return self.logprobs.add(self.token_ids, chunk)
+
+    def whole_logprobs(self) -> dict[str, Any] | None:
+        return self.logprobs.whole() if self.logprobs is not None else None
 
     def whole_text(self) -> str:
         decoded = self.decode(self.token_ids) if self.token_ids else None
@@ -87,15 +108,17 @@ class Shape:
 
 class CompletionShape(Shape):
     stream_object = "text_completion"
+    logprobs_kind = CompletionLogprobs
 
     def delta(self, chunk: TokenChunk) -> dict[str, Any] | None:
-        self.add(chunk)
-        if not chunk.text and not chunk.finished:
+        logprobs = self.add(chunk)
+        has_logprobs = logprobs is not None and bool(chunk.token_ids)
+        if not chunk.text and not chunk.finished and not has_logprobs:
             return None
         choice = {
             "index": self.index,
             "text": chunk.text,
-            "logprobs": None,
+            "logprobs": logprobs if has_logprobs else None,
             "finish_reason": self.finish if chunk.finished else None,
         }
         return {
@@ -110,7 +133,7 @@ class CompletionShape(Shape):
         return {
             "index": self.index,
             "text": self.whole_text(),
-            "logprobs": None,
+            "logprobs": self.whole_logprobs(),
             "finish_reason": self.finish,
         }
 
@@ -127,15 +150,23 @@ class CompletionShape(Shape):
 
 class ChatShape(Shape):
     stream_object = "chat.completion.chunk"
+    logprobs_kind = ChatLogprobs
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    def _chunk(
+        self, delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "choices": [
-                {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": finish}
+                {
+                    "index": self.index,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                }
             ],
         }
 
@@ -143,17 +174,20 @@ class ChatShape(Shape):
         return [self._chunk({"role": "assistant", "content": ""}, None)]
 
     def delta(self, chunk: TokenChunk) -> dict[str, Any] | None:
-        self.add(chunk)
-        if not chunk.text and not chunk.finished:
+        logprobs = self.add(chunk)
+        has_logprobs = logprobs is not None and bool(chunk.token_ids)
+        if not chunk.text and not chunk.finished and not has_logprobs:
             return None
         delta = {"content": chunk.text} if chunk.text else {}
-        return self._chunk(delta, self.finish if chunk.finished else None)
+        return self._chunk(
+            delta, self.finish if chunk.finished else None, logprobs if has_logprobs else None
+        )
 
     def choice(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "message": {"role": "assistant", "content": self.whole_text()},
-            "logprobs": None,
+            "logprobs": self.whole_logprobs(),
             "finish_reason": self.finish,
         }
 

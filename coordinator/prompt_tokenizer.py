@@ -96,6 +96,27 @@ class PromptTokenizer:
         """Decodes a whole output of ``prompt_ids`` at once (None without a tokenizer)."""
         return lambda output_ids: self.span(prompt_ids, output_ids, 0, len(output_ids))
 
+    def candidate_texts(
+        self, prompt_ids: Sequence[int]
+    ) -> Callable[[Sequence[int], int, Sequence[int]], list[str] | None]:
+        """For a logprobs answer (openai_logprobs.py): given the output, an index i and
+        candidate tokens, the text each would add at i after ``output[:i]`` (None without a
+        tokenizer). Decoded in context as `span` is, special tokens by their names."""
+
+        def texts(output_ids: Sequence[int], index: int, candidates: Sequence[int]) -> Any:
+            if self._tokenizer is None:
+                return None
+            before = [*prompt_ids, *output_ids[:index]][-SPAN_CONTEXT_TOKENS:]
+            prefix = self._tokenizer.decode(before)
+            out = []
+            for candidate in candidates:
+                whole = self._tokenizer.decode([*before, candidate])
+                alone = whole[len(prefix) :] if whole.startswith(prefix) else None
+                out.append(str(alone if alone is not None else self._tokenizer.decode([candidate])))
+            return out
+
+        return texts
+
     def span(
         self, prompt_ids: Sequence[int], output_ids: Sequence[int], start: int, end: int
     ) -> str | None:

@@ -331,13 +331,22 @@ class Registry:
 
     def max_model_len(self) -> int:
         """The context length every ready worker can serve (0 when none is ready)."""
-        lengths = [
-            e.capacity.max_model_len
-            for e in [*self.routable(), *self.ready_standbys()]
-            if e.capacity is not None and e.capacity.max_model_len > 0
-        ]
-        return min(lengths) if lengths else 0
+        return _shortest_context([*self.routable(), *self.ready_standbys()])
+
+    def last_max_model_len(self) -> int:
+        """The context length every registered worker last reported, ready or not (a noticed
+        or lost one): what the fleet served before a capacity gap (0 when none reported)."""
+        return _shortest_context(list(self._entries.values()))
 
     async def close(self) -> None:
         for entry in self._entries.values():
             await entry.client.close()
+
+
+def _shortest_context(entries: list[WorkerEntry]) -> int:
+    lengths = [
+        e.capacity.max_model_len
+        for e in entries
+        if e.capacity is not None and e.capacity.max_model_len > 0
+    ]
+    return min(lengths) if lengths else 0

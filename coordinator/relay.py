@@ -26,7 +26,12 @@ from typing import Protocol
 from common.errors import InvalidRequest
 from common.requests import Event, EventKind, FinishReason, GenerationRequest, TokenChunk
 from coordinator.admission import Admission, Lease, Ticket
-from coordinator.errors import IndexOutOfRange, RequestLost, WorkerStreamBroken
+from coordinator.errors import (
+    IndexOutOfRange,
+    NoWorkerInTime,
+    RequestLost,
+    WorkerStreamBroken,
+)
 from coordinator.failover import FailoverPolicy, Interruption, InterruptionKind
 
 log = logging.getLogger(__name__)
@@ -237,6 +242,10 @@ class Relay:
         except InvalidRequest as exc:
             self.error = exc
             self._finish(FinishReason.ERROR)
+        except NoWorkerInTime as exc:
+            # Never placed: no chunk at all, readers get the refusal and its retry hint.
+            self.error = exc
+            self._finish(FinishReason.ERROR, publish=False)
         except RequestLost as exc:
             log.error("request %s lost: %s", self.request_id, exc)
             self._finish(FinishReason.ERROR, detail=str(exc))
@@ -295,8 +304,8 @@ class Relay:
             raise WorkerStreamBroken(
                 f"worker {self.worker_id} sent index {chunk.index}, expected {delivered}"
             )
-        overlap = delivered - chunk.index
-        new_ids = chunk.token_ids[max(0, overlap) :]
+        skip = max(0, delivered - chunk.index)
+        new_ids = chunk.token_ids[skip:]
         finish = chunk.finish_reason
         if finish == FinishReason.CANCELLED and not self._cancel_requested:
             # Cut by the worker (drained, stopped), not by the client: the request goes on.
@@ -311,7 +320,10 @@ class Relay:
             self._finish(finish, publish=False)
 
     def _publish(self, chunk: TokenChunk, index: int, token_ids: tuple[int, ...]) -> None:
-        whole = len(token_ids) == len(chunk.token_ids)
+        """Keeps ``token_ids``, the tail of ``chunk``'s tokens from output ``index`` on, with
+        their logprobs (cut the same way: they stay attached to their tokens)."""
+        skip = len(chunk.token_ids) - len(token_ids)
+        whole = skip == 0
         if self._replaying and token_ids:
             text = self._replayed_text(chunk, index, token_ids)
         else:
@@ -327,6 +339,7 @@ class Relay:
             event=chunk.event,
             worker_id=chunk.worker_id or self.worker_id,
             engine_timing=chunk.engine_timing,
+            logprobs=chunk.logprobs[skip:],
         )
         self._chunks.append(kept)
         if token_ids:
@@ -387,7 +400,7 @@ class Relay:
     async def follow(self, from_index: int = 0) -> AsyncIterator[TokenChunk]:
         """Every chunk from output index ``from_index`` on: the kept ones, then live ones,
         until the finish. Raises IndexOutOfRange for an index past the end, and the
-        request's own error (InvalidRequest) if it failed with one.
+        request's own error (InvalidRequest, NoWorkerInTime) if it failed with one.
 
         A request still queued when its last reader goes (the client hung up, its deadline
         passed) leaves the queue: nobody would read what it produced. Once running, it runs
@@ -475,14 +488,9 @@ def slice_chunk(
     end = chunk.index + len(chunk.token_ids)
     if end <= from_index:
         if chunk.finished and end == from_index:
-            return dataclasses.replace(chunk, index=from_index, token_ids=(), text="", event=None)
+            return dataclasses.replace(chunk.from_index(from_index, text=""), event=None)
         return None
-    return dataclasses.replace(
-        chunk,
-        index=from_index,
-        token_ids=chunk.token_ids[from_index - chunk.index :],
-        text=tail_text(chunk, from_index, prompt_ids, output_ids, texts),
-    )
+    return chunk.from_index(from_index, tail_text(chunk, from_index, prompt_ids, output_ids, texts))
 
 
 def tail_text(

@@ -32,6 +32,12 @@ class RequestTable:
             raise UnknownRequest(request_id)
         return relay
 
+    def forget(self, request_id: str) -> None:
+        """Drops a finished request at once (one that never ran: its id may be used again)."""
+        relay = self._relays.get(request_id)
+        assert relay is None or relay.finished
+        self._relays.pop(request_id, None)
+
     @property
     def in_flight(self) -> int:
         return sum(1 for relay in self._relays.values() if not relay.finished)

@@ -185,6 +185,7 @@ def _admission_limits(config: CoordinatorConfig) -> AdmissionLimits:
             SlaClass.BATCH: config.batch_max_per_worker,
         },
         retry_after_ms=config.retry_after_ms,
+        capacity_wait_seconds=config.capacity_wait_seconds,
     )
 
 

@@ -25,6 +25,8 @@ from common.requests import (
     Sampling,
     SlaClass,
     TokenChunk,
+    TokenLogprobs,
+    TopLogprob,
 )
 from protos.spotinfer.v1 import common_pb2, control_pb2, daemon_pb2, worker_pb2
 
@@ -39,6 +41,7 @@ def sampling_from_proto(msg: common_pb2.SamplingParams) -> Sampling:
         seed=msg.seed if msg.HasField("seed") else None,
         stop=tuple(msg.stop),
         ignore_eos=msg.ignore_eos,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
     )
 
 
@@ -53,6 +56,8 @@ def sampling_to_proto(sampling: Sampling) -> common_pb2.SamplingParams:
     )
     if sampling.seed is not None:
         msg.seed = sampling.seed
+    if sampling.logprobs is not None:
+        msg.logprobs = sampling.logprobs
     return msg
 
 
@@ -113,6 +118,7 @@ def chunk_to_proto(chunk: TokenChunk) -> common_pb2.GenerateResponse:
         text=chunk.text,
         finish_reason=int(chunk.finish_reason),  # type: ignore[arg-type]
         worker_id=chunk.worker_id,
+        logprobs=[logprobs_to_proto(position) for position in chunk.logprobs],
     )
     if chunk.event is not None:
         msg.event.CopyFrom(event_to_proto(chunk.event))
@@ -136,6 +142,20 @@ def chunk_from_proto(msg: common_pb2.GenerateResponse) -> TokenChunk:
             if msg.HasField("engine_timing")
             else None
         ),
+        logprobs=tuple(logprobs_from_proto(position) for position in msg.logprobs),
+    )
+
+
+def logprobs_to_proto(position: TokenLogprobs) -> common_pb2.TokenLogprobs:
+    return common_pb2.TokenLogprobs(
+        logprob=position.logprob,
+        top=[common_pb2.TopLogprob(token_id=t.token_id, logprob=t.logprob) for t in position.top],
+    )
+
+
+def logprobs_from_proto(msg: common_pb2.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(
+        logprob=msg.logprob, top=tuple(TopLogprob(t.token_id, t.logprob) for t in msg.top)
     )
 
 

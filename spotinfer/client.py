@@ -10,15 +10,21 @@ token exactly once, in order:
 A request that had no token out yet and that the coordinator it reaches does not know (it
 was still queued when its coordinator went away) is submitted again under the same id.
 
+A call refused for now (RESOURCE_EXHAUSTED: a full queue, no worker within the coordinator's
+capacity wait, a key over its rate) is made again once the server's ``retry-after-ms`` hint
+has passed, with jitter, up to ``busy_attempts`` times; reconnects wait with exponential
+backoff and jitter (see backoff.py).
+
 Tokens that arrive twice (a replay that overlaps) are dropped by index here as well, so
 the guarantee holds even against a server that repeats itself.
 """
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -28,12 +34,15 @@ from common.channels import PLAINTEXT, TransportConfig, sync_channel
 from common.requests import RequestOutput, Sampling, SlaClass, TokenChunk
 from protos.convert import chunk_from_proto, sampling_to_proto, sla_to_proto
 from protos.spotinfer.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from spotinfer.backoff import Backoff, retry_hint_seconds
 
 RETRYABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 )
 DEFAULT_RECONNECT_ATTEMPTS = 20
-RECONNECT_BACKOFF_SECONDS = 0.25
+DEFAULT_BUSY_ATTEMPTS = 8
+DEFAULT_BACKOFF_BASE_SECONDS = 0.25
+DEFAULT_BACKOFF_MAX_SECONDS = 5.0
 DEFAULT_BATCH_PARALLEL = 16  # a batch call's streams at once
 
 
@@ -44,6 +53,12 @@ class ClientConfig:
     reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS
     ca_file: str = ""  # the cluster CA (TLS); empty: plaintext
     api_key: str = ""  # sent as authorization: Bearer <key>
+    # A call refused for now (RESOURCE_EXHAUSTED) is made again this often, after the hint.
+    busy_attempts: int = DEFAULT_BUSY_ATTEMPTS
+    # Waits between tries: the first up to this long without a hint, doubling each try...
+    backoff_base_seconds: float = DEFAULT_BACKOFF_BASE_SECONDS
+    # ...up to this; a hint is always waited in full, this bounds only the jitter on it.
+    backoff_max_seconds: float = DEFAULT_BACKOFF_MAX_SECONDS
 
     @property
     def transport(self) -> TransportConfig:
@@ -54,11 +69,25 @@ class ClientConfig:
             raise ValueError("at least one target HOST:PORT is needed")
         if self.reconnect_attempts < 0:
             raise ValueError("reconnect_attempts must not be negative")
+        if self.busy_attempts < 0:
+            raise ValueError("busy_attempts must not be negative")
+        Backoff(self.backoff_base_seconds, self.backoff_max_seconds)  # checks the bounds
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.backoff_base_seconds, self.backoff_max_seconds)
 
 
 class Client:
-    def __init__(self, config: ClientConfig) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
         self._config = config
+        self._sleep = sleep
+        self._rng = rng or random.Random()
         self._target_index = 0
         self._channel = self._open(config.targets[0])
 
@@ -107,7 +136,7 @@ class Client:
         else:
             message.prompt_token_ids.extend(prompt)
         delivered = 0
-        attempts = 0
+        attempts = refusals = 0
         attaching = False
         responses = self._stub.Generate(message, timeout=self._config.timeout_seconds)
         while True:
@@ -121,6 +150,17 @@ class Client:
                 return
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    if refusals >= self._config.busy_attempts:
+                        raise
+                    refusals += 1
+                    self._back_off(refusals, retry_hint_seconds(exc))
+                    responses = (
+                        self._attach(request_id, delivered)
+                        if attaching
+                        else self._stub.Generate(message, timeout=self._config.timeout_seconds)
+                    )
+                    continue
                 # Unknown to the coordinator and not a token out yet: it never reached a
                 # worker before its coordinator went away. Submitted again under its id (a
                 # coordinator that does know it attaches instead of starting it twice).
@@ -128,8 +168,9 @@ class Client:
                 retryable = code in RETRYABLE or submit_again
                 if not retryable or attempts >= self._config.reconnect_attempts:
                     raise
+                hint = retry_hint_seconds(exc)
             attempts += 1
-            time.sleep(RECONNECT_BACKOFF_SECONDS)
+            self._back_off(attempts, hint)
             if submit_again:
                 attaching = False
                 responses = self._stub.Generate(message, timeout=self._config.timeout_seconds)
@@ -137,10 +178,19 @@ class Client:
             if len(self._config.targets) > 1:
                 self._next_target()
             attaching = True
-            responses = self._stub.Attach(
-                inference_pb2.AttachRequest(request_id=request_id, from_index=delivered),
-                timeout=self._config.timeout_seconds,
-            )
+            responses = self._attach(request_id, delivered)
+
+    def _attach(self, request_id: str, from_index: int) -> Iterator[common_pb2.GenerateResponse]:
+        return self._stub.Attach(  # type: ignore[no-any-return]
+            inference_pb2.AttachRequest(request_id=request_id, from_index=from_index),
+            timeout=self._config.timeout_seconds,
+        )
+
+    def _back_off(self, attempt: int, hint_seconds: float | None) -> None:
+        """Waits before try ``attempt`` + 1: the server's retry hint with jitter, if it gave
+        one, else exponential backoff with jitter."""
+        backoff = self._config.backoff
+        self._sleep(backoff.delay_seconds(attempt, hint_seconds, self._rng))
 
     def generate(
         self,
@@ -175,7 +225,7 @@ class Client:
         prefix = request_id_prefix or f"cli-{uuid.uuid4().hex}"
 
         def one(index: int) -> RequestOutput:
-            with Client(self._config) as client:
+            with Client(self._config, self._sleep) as client:
                 return client.generate(prompts[index], sampling, sla_class, f"{prefix}-{index}")
 
         with ThreadPoolExecutor(max(1, min(max_parallel, len(prompts)))) as pool:
@@ -203,6 +253,7 @@ def _without_seen_tokens(chunk: TokenChunk, delivered: int) -> tuple[TokenChunk 
         index=max(chunk.index, delivered) if chunk.token_ids else delivered,
         token_ids=token_ids,
         text=chunk.text if skip == 0 else "",
+        logprobs=chunk.logprobs[skip:],
         finish_reason=chunk.finish_reason,
         event=chunk.event,
         worker_id=chunk.worker_id,

@@ -6,7 +6,7 @@ its code sends and only the key kinds it touches.
     key kind (keys.KeyKind)   worker        daemon   coordinator
     ------------------------  ------------  -------  ----------------------------------
     meta, tokens, blocks,     read + write  -        read + write (adoption reads a
-    tail                                             record and its tokens; a release
+    tail, tails                                      record and its tokens; a release
                                                      marks or ends a request's keys)
     blk (KV blocks)           read + write  -        -
     route                     -             -        read + write
@@ -112,7 +112,14 @@ _BATCH_KINDS = (
     KeyKind.BATCH_ACTIVE,
 )
 
-_REQUEST_KINDS = (KeyKind.META, KeyKind.TOKENS, KeyKind.BLOCKS, KeyKind.TAIL, KeyKind.BLOCK)
+_REQUEST_KINDS = (
+    KeyKind.META,
+    KeyKind.TOKENS,
+    KeyKind.BLOCKS,
+    KeyKind.TAIL,
+    KeyKind.TAILS,
+    KeyKind.BLOCK,
+)
 
 ACCESS: Mapping[Role, Mapping[KeyKind, Access]] = {
     Role.WORKER: dict.fromkeys(_REQUEST_KINDS, Access.READ_WRITE),
@@ -122,6 +129,7 @@ ACCESS: Mapping[Role, Mapping[KeyKind, Access]] = {
         KeyKind.TOKENS: Access.READ_WRITE,
         KeyKind.BLOCKS: Access.READ_WRITE,
         KeyKind.TAIL: Access.READ_WRITE,
+        KeyKind.TAILS: Access.READ_WRITE,
         KeyKind.ROUTE: Access.READ_WRITE,
         **dict.fromkeys(_BATCH_KINDS, Access.READ_WRITE),
     },

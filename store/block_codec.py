@@ -185,6 +185,9 @@ class KVFormat:
     block_tokens: int
     """Tokens per stored block: the connector's chunk (a multiple of the engine's block of 128
     tokens on vLLM-CPU, 16 on GPU)."""
+    shard: str = ""
+    """The key suffix of a sharded worker's rank (store.keys.shard_suffix): where its values
+    live, not what they mean (the layout string names the rank)."""
 
     def __post_init__(self) -> None:
         if not self.model_fingerprint:

@@ -12,7 +12,7 @@ from store.block_codec import (
     block_hashes,
     tail_hash,
 )
-from store.keys import block_key, request_tail_key, validate_request_id
+from store.keys import block_key, request_tail_key, request_tails_key, validate_request_id
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class BlockWrite:
     request_id: str
     block_index: int
     block: KVBlock | EncodedBlock
+    shard: str = ""  # a sharded worker's rank (store.keys.shard_suffix)
 
     def __post_init__(self) -> None:
         validate_request_id(self.request_id)
@@ -44,10 +45,17 @@ class BlockRead:
     prefix_hash: bytes
     num_tokens: int
     is_full: bool
+    shard: str = ""  # which rank's shard (store.keys.shard_suffix)
 
     @property
     def key(self) -> str:
-        return block_key(self.prefix_hash) if self.is_full else request_tail_key(self.request_id)
+        """Where the value is: a full block's own key, the request's tail, or (the tail of a
+        shard beyond the first) the request's ``tails`` hash, field ``shard``."""
+        if self.is_full:
+            return block_key(self.prefix_hash, self.shard)
+        return (
+            request_tails_key(self.request_id) if self.shard else request_tail_key(self.request_id)
+        )
 
     @property
     def expected(self) -> tuple[bytes, int]:
@@ -58,7 +66,10 @@ class BlockRead:
     def name(self) -> str:
         """How rejections name the block in errors and logs."""
         kind = "block" if self.is_full else "tail"
-        return f"{self.request_id}#{self.block_index}({kind} {self.prefix_hash.hex()[:12]})"
+        return (
+            f"{self.request_id}#{self.block_index}{self.shard}"
+            f"({kind} {self.prefix_hash.hex()[:12]})"
+        )
 
 
 def block_reads(
@@ -69,10 +80,10 @@ def block_reads(
     tenant: str = "",
 ) -> list[BlockRead]:
     """Reads for every block that would hold the KV of ``token_ids`` (the chain of
-    ``tenant``), from block 0 on."""
+    ``tenant``), from block 0 on, of the shard ``kv_format`` names."""
     block_tokens = kv_format.block_tokens
     reads = [
-        BlockRead(request_id, index, prefix_hash, block_tokens, is_full=True)
+        BlockRead(request_id, index, prefix_hash, block_tokens, True, kv_format.shard)
         for index, prefix_hash in enumerate(
             block_hashes(kv_format.model_fingerprint, token_ids, block_tokens, tenant)
         )
@@ -85,7 +96,8 @@ def block_reads(
                 len(reads),
                 tail,
                 len(token_ids) - len(reads) * block_tokens,
-                is_full=False,
+                False,
+                kv_format.shard,
             )
         )
     return reads

@@ -19,10 +19,16 @@ blocks spread over the cluster.
                                                 full KV block persisted for the request
     si:v1:req:{<request_id>}:tail       STRING  the partial last KV block (header +      as meta
                                                 payload); not content-addressed
+    si:v1:req:{<request_id>}:tails      HASH    the other shards' tails (below): shard  as meta
+                                                suffix -> tail, suffix + "#header" ->
+                                                its header bytes
     si:v1:req:{<request_id>}:route      HASH    the coordinator's record: owner worker, own TTL, set by
                                                 status, delivered length                the coordinator
     si:v1:blk:{<block_hash_hex>}        STRING  one full KV block (header + payload),   block TTL, reset
                                                 shared by all requests with its prefix  when referenced
+    si:v1:blk:{<block_hash_hex>}:s<t>.<p>       the shard of tensor-parallel rank t,    as the block
+                                                pipeline stage p (not 0.0) of a sharded
+                                                worker's block
     si:v1:file:{<file_id>}:meta         HASH    an uploaded or a batch's output file:   none (deleted
                                                 id, tenant, filename, purpose, bytes,   by an operator)
                                                 created_at
@@ -40,6 +46,14 @@ blocks spread over the cluster.
     sampling_params (JSON), status, owner_worker_id, committed_length, created_unix_ms,
     updated_unix_ms, kv_block_tokens, paused_without_kv ("1" after a pause that found none
     of its KV computed, until it runs again)
+
+A worker whose KV cache is sharded (tensor or pipeline parallel) stores one value per shard:
+rank 0 of stage 0 under the plain key, every other shard's full blocks under the plain key plus
+its suffix (``shard_suffix``; the block's hash tag is unchanged, so all shards of a block share
+a slot) and its tail as a field of the request's ``tails`` hash, so the request's lifecycle
+(its TTL, its end, its deletion) covers every shard.
+A reader of another degree reads the plain key and refuses it by its layout string
+(``tp=0/2``), never another rank's bytes.
 
 Request ids may not contain ``{``, ``}`` or whitespace and may not be empty: an empty tag or a
 brace inside it would move keys of one request to different slots.
@@ -59,6 +73,7 @@ class KeyKind(enum.Enum):
     TOKENS = "tokens"
     BLOCKS = "blocks"
     TAIL = "tail"
+    TAILS = "tails"
     ROUTE = "route"
     BLOCK = "blk"
     FILE_META = "file-meta"
@@ -91,7 +106,7 @@ def key_pattern(kind: KeyKind) -> str:
     """A Redis glob matching every key of ``kind`` and no key of another kind (request ids
     hold no braces, so ``{*}`` cannot reach past the hash tag)."""
     if kind is KeyKind.BLOCK:
-        return f"{KEY_PREFIX}blk:{{*}}"
+        return f"{KEY_PREFIX}blk:{{*}}*"  # a shard's suffix follows the tag
     if kind in _BATCH_SET_KEYS:
         return _BATCH_SET_KEYS[kind]
     if kind in _BATCH_KEY_PARTS:
@@ -136,13 +151,38 @@ def request_tail_key(request_id: str) -> str:
     return _request_key(request_id, KeyKind.TAIL)
 
 
-def request_keys(request_id: str) -> tuple[str, str, str, str]:
+def request_tails_key(request_id: str) -> str:
+    """The partial tails of a sharded worker's ranks beyond the first (a HASH by shard)."""
+    return _request_key(request_id, KeyKind.TAILS)
+
+
+def shard_tail_header_field(shard: str) -> str:
+    """The field of ``request_tails_key`` that holds a shard's tail header alone (what a
+    flush check reads, instead of the whole tail)."""
+    return shard + "#header"
+
+
+def shard_suffix(tp_rank: int, pp_rank: int = 0) -> str:
+    """What a shard's keys append to the plain key: nothing for rank 0 of stage 0 (and for
+    every unsharded worker), ``:s<tp>.<pp>`` for the others."""
+    if tp_rank < 0 or pp_rank < 0:
+        raise ValueError(f"negative rank: tp {tp_rank}, pp {pp_rank}")
+    return f":s{tp_rank}.{pp_rank}" if tp_rank or pp_rank else ""
+
+
+def shard_suffixes(tp_size: int) -> tuple[str, ...]:
+    """Every shard suffix of a worker with ``tp_size`` tensor-parallel ranks, rank order."""
+    return tuple(shard_suffix(rank) for rank in range(tp_size))
+
+
+def request_keys(request_id: str) -> tuple[str, str, str, str, str]:
     """Every key a request owns, in the order the Lua scripts expect them (meta first)."""
     return (
         request_meta_key(request_id),
         request_tokens_key(request_id),
         request_blocks_key(request_id),
         request_tail_key(request_id),
+        request_tails_key(request_id),
     )
 
 
@@ -153,11 +193,12 @@ def request_key_pattern(request_id: str) -> str:
     return f"{KEY_PREFIX}req:{{{escaped}}}:*"
 
 
-def block_key(block_hash: bytes) -> str:
-    """Key of a full, content-addressed KV block."""
+def block_key(block_hash: bytes, shard: str = "") -> str:
+    """Key of a full, content-addressed KV block; ``shard``: a sharded worker's rank
+    (``shard_suffix``)."""
     if not block_hash:
         raise ValueError("block_hash must not be empty")
-    return f"{KEY_PREFIX}{KeyKind.BLOCK.value}:{{{block_hash.hex()}}}"
+    return f"{KEY_PREFIX}{KeyKind.BLOCK.value}:{{{block_hash.hex()}}}{shard}"
 
 
 def schema_pattern() -> str:

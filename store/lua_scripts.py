@@ -42,7 +42,7 @@ class LuaScript:
 
 _TERMINAL_LUA_SET = ", ".join(f"[{status.value!r}] = true" for status in TERMINAL_STATUSES)
 
-# KEYS: meta, tokens, blocks, tail.  ARGV: start index, packed tokens, ttl seconds, now ms.
+# KEYS: meta, tokens, blocks, tail, tails.  ARGV: start index, packed tokens, ttl seconds, now ms.
 # Appends only at the committed length. A retry that overlaps what is stored must match it
 # byte for byte (then only the new suffix, if any, is appended); a gap or a different token
 # at a stored index is refused and nothing is written. Returns {code, committed length}.
@@ -108,7 +108,7 @@ return {{{ScriptCode.BAD_TRANSITION}, status}}
 """,
 )
 
-# KEYS: meta, tokens, blocks, tail.  ARGV: final status, now ms, retention seconds, hold
+# KEYS: meta, tokens, blocks, tail, tails.  ARGV: final status, now ms, retention seconds, hold
 # seconds, finish reason, allowed previous...  The keys are kept for the longer of retention
 # and hold, unless a coordinator already released the request (its client got the end): then
 # for the retention alone. 0 deletes every key of the request; otherwise the record keeps its
@@ -136,7 +136,7 @@ return {{{ScriptCode.OK}, status}}
 """,
 )
 
-# KEYS: meta, tokens, blocks, tail.  ARGV: retention seconds.  A coordinator's client got the
+# KEYS: meta, tokens, blocks, tail, tails.  ARGV: retention seconds.  A coordinator's client got the
 # request's end: an ended request keeps its keys for the retention only (0 deletes them); a
 # live one (its worker's finish is still on the way) is marked, so that its finish does.
 # Returns {code, status}.
@@ -177,6 +177,20 @@ PUT_TAIL = LuaScript(
     f"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {ScriptCode.NO_RECORD} end
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return {ScriptCode.OK}
+""",
+)
+
+# KEYS: meta, tails.  ARGV: shard suffix, encoded block, header bytes, ttl seconds.  The tail
+# of a sharded worker's rank beyond the first, as PUT_TAIL, in the request's tails hash: the
+# value under the suffix, its header alone under "<suffix>#header".
+PUT_SHARD_TAIL = LuaScript(
+    "put_shard_tail",
+    f"""
+if redis.call('EXISTS', KEYS[1]) == 0 then return {ScriptCode.NO_RECORD} end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2],
+           ARGV[1] .. '#header', string.sub(ARGV[2], 1, tonumber(ARGV[3])))
+redis.call('EXPIRE', KEYS[2], ARGV[4])
 return {ScriptCode.OK}
 """,
 )
@@ -227,6 +241,7 @@ ALL_SCRIPTS = (
     RELEASE_REQUEST,
     ATTACH_BLOCK,
     PUT_TAIL,
+    PUT_SHARD_TAIL,
     MARK_PAUSED_WITHOUT_KV,
     PUT_BATCH_RESULT,
     TAKE_BATCH_LEASE,

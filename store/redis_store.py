@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ from store.lua_scripts import (
     CREATE_REQUEST,
     FINISH_REQUEST,
     MARK_PAUSED_WITHOUT_KV,
+    PUT_SHARD_TAIL,
     PUT_TAIL,
     RELEASE_REQUEST,
     SET_STATUS,
@@ -126,6 +127,49 @@ def _finish_args(
     hold = config.undelivered_retention_seconds if status is RequestStatus.FINISHED else 0
     allowed = (previous.value for previous in ALLOWED_PREVIOUS[status])
     return [status.value, now_ms, config.retention_seconds, hold, finish_reason, *allowed]
+
+
+def _put_tail(write: BlockWrite, encoded: EncodedBlock, ttl_seconds: int) -> Command:
+    """The write of a partial tail: the request's tail, or a field of its ``tails`` hash for
+    a shard beyond the first (with its header beside it: what a flush check reads)."""
+    meta = keys.request_meta_key(write.request_id)
+    if not write.shard:
+        tail = keys.request_tail_key(write.request_id)
+        return evalsha(PUT_TAIL, [meta, tail], [encoded.data, ttl_seconds])
+    return evalsha(
+        PUT_SHARD_TAIL,
+        [meta, keys.request_tails_key(write.request_id)],
+        [write.shard, encoded.data, HEADER_FIXED_BYTES, ttl_seconds],
+    )
+
+
+def _shard_view_commands(
+    wanted: Mapping[str, Sequence[bytes]], shards: Sequence[str]
+) -> list[Command]:
+    commands: list[Command] = []
+    for request_id, hashes in wanted.items():
+        for shard in shards:
+            commands += [("EXISTS", keys.block_key(h, shard)) for h in hashes]
+            if shard:
+                tails = keys.request_tails_key(request_id)
+                commands.append(("HGET", tails, keys.shard_tail_header_field(shard)))
+            else:
+                tail = keys.request_tail_key(request_id)
+                commands.append(("GETRANGE", tail, 0, HEADER_FIXED_BYTES - 1))
+    return commands
+
+
+def _shard_views_from(
+    results: Iterator[Any], wanted: Mapping[str, Sequence[bytes]], shards: Sequence[str]
+) -> dict[str, list[tuple[int, BlockSummary | None]]]:
+    views: dict[str, list[tuple[int, BlockSummary | None]]] = {}
+    for request_id, hashes in wanted.items():
+        views[request_id] = []
+        for _ in shards:
+            present = [bool(next(results)) for _ in hashes]
+            run = present.index(False) if False in present else len(present)
+            views[request_id].append((run, read_summary(next(results) or None)))
+    return views
 
 
 def _stored_form(block: KVBlock | EncodedBlock, keyring: MacKeyring) -> EncodedBlock:
@@ -374,7 +418,7 @@ class RedisStore:
                 sets.append(
                     (
                         "SET",
-                        keys.block_key(encoded.prefix_hash),
+                        keys.block_key(encoded.prefix_hash, write.shard),
                         encoded.data,
                         "EX",
                         config.block_ttl_seconds,
@@ -383,16 +427,7 @@ class RedisStore:
                 pairs = links.setdefault(write.request_id, [])
                 pairs += [write.block_index, encoded.prefix_hash.hex()]
             else:
-                tails.append(
-                    evalsha(
-                        PUT_TAIL,
-                        [
-                            keys.request_meta_key(write.request_id),
-                            keys.request_tail_key(write.request_id),
-                        ],
-                        [encoded.data, config.request_ttl_seconds],
-                    )
-                )
+                tails.append(_put_tail(write, encoded, config.request_ttl_seconds))
         attaches = [
             evalsha(
                 ATTACH_BLOCK,
@@ -448,6 +483,8 @@ class RedisStore:
         commands: list[Command] = [
             ("GETEX", read.key, "EX", self._config.block_ttl_seconds)
             if read.is_full
+            else ("HGET", read.key, read.shard)
+            if read.shard
             else ("GET", read.key)
             for read in reads
         ]
@@ -461,31 +498,35 @@ class RedisStore:
                 loaded.append(rejected)
         return loaded
 
-    def get_block_values(self, block_hashes: Sequence[bytes]) -> list[bytes | None]:
-        """The stored bytes of full blocks, unverified (None where absent), in one round trip;
-        for a copy that is verified where it is used (a migration target's staging).
-        Restarts their TTL like get_blocks."""
+    def get_block_values(
+        self, block_hashes: Sequence[bytes], shard: str = ""
+    ) -> list[bytes | None]:
+        """The stored bytes of full blocks (of one shard), unverified (None where absent), in
+        one round trip; for a copy that is verified where it is used (a migration target's
+        staging). Restarts their TTL like get_blocks."""
         return list(
             self._run(
                 [
-                    ("GETEX", keys.block_key(h), "EX", self._config.block_ttl_seconds)
+                    ("GETEX", keys.block_key(h, shard), "EX", self._config.block_ttl_seconds)
                     for h in block_hashes
                 ]
             )
         )
 
-    def blocks_present(self, block_hashes: Sequence[bytes]) -> list[bool]:
-        """Which full blocks exist (unverified: a cheap probe for how much prefix is stored)."""
-        results = self._run([("EXISTS", keys.block_key(h)) for h in block_hashes])
+    def blocks_present(self, block_hashes: Sequence[bytes], shard: str = "") -> list[bool]:
+        """Which full blocks (of one shard) exist (unverified: a cheap probe for how much
+        prefix is stored)."""
+        results = self._run([("EXISTS", keys.block_key(h, shard)) for h in block_hashes])
         return [bool(result) for result in results]
 
-    def tail_summary(self, request_id: str) -> BlockSummary | None:
-        """What the request's stored partial tail claims to hold (header only, unverified);
-        None when there is no tail."""
-        (data,) = self._run(
-            [("GETRANGE", keys.request_tail_key(request_id), 0, HEADER_FIXED_BYTES - 1)]
-        )
-        return read_summary(data or None)
+    def shard_views(
+        self, wanted: Mapping[str, Sequence[bytes]], shards: Sequence[str]
+    ) -> dict[str, list[tuple[int, BlockSummary | None]]]:
+        """For each request (id -> the hashes of its full blocks) and each of ``shards``: how
+        many of those blocks lead the shard's stored run, and its tail's header (unverified),
+        in one round trip. What a sharded worker's flush owes beyond the links."""
+        results = self._run(_shard_view_commands(wanted, shards))
+        return _shard_views_from(iter(results), wanted, shards)
 
     def request_views(self, request_ids: Sequence[str]) -> dict[str, RequestView | None]:
         """Each request's record, committed tokens and stored tail header (None: no record),

@@ -97,8 +97,15 @@ FINGERPRINT_WEIGHT_BYTES = 1024 * 1024
 # key, script args), amortised: tokens are tiny next to KV, which is why they always go first.
 TOKEN_WIRE_BYTES = 16
 
-# A resume's blocks refused by their MAC travel per request in the connector's stats under
+# A resume's blocks refused by their MAC, or because another layout wrote them (another
+# tensor parallel degree, backend, dtype), travel per request in the connector's stats under
 # "<prefix><request id>"; the worker keeps the counts of this many requests until their
 # MIGRATED / RECOVERED event takes them.
 MAC_REJECTED_REQUEST_PREFIX = "mac_rejected_blocks:"
+# Reads of a resume's stored KV on the connector's lookup thread (kv_load async) before an
+# unavailable Redis makes it recompute: a connect that timed out on a loaded machine (each
+# read waits the store's socket timeouts) is not an outage.
+LOOKUP_ATTEMPTS = 3
+LAYOUT_REJECTED_REQUEST_PREFIX = "layout_rejected_blocks:"
+REJECTED_REQUEST_PREFIXES = (MAC_REJECTED_REQUEST_PREFIX, LAYOUT_REJECTED_REQUEST_PREFIX)
 MAC_REJECTED_REQUESTS_KEPT = 4096

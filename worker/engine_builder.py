@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from common.validation import MAX_LOGPROBS
 from worker.config import WorkerConfig, engine_environment
 from worker.engine_stats import EngineStats
 from worker.kv_staging import StagingArea
@@ -73,6 +74,8 @@ class EngineBuilder:
             # cross-request prefix caching is asked for.
             enable_prefix_caching=self.config.enable_prefix_caching or self._staging is not None,
             seed=self.config.seed,
+            # The bound our validation enforces on a request's logprobs (vLLM's default).
+            max_logprobs=MAX_LOGPROBS,
             scheduling_policy=self.config.scheduling_policy,  # type: ignore[arg-type]
             # Stats on: vLLM's per-request queued / scheduled timestamps (EngineTiming).
             disable_log_stats=False,

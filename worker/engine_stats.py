@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from worker.constants import (
+    LAYOUT_REJECTED_REQUEST_PREFIX,
     MAC_REJECTED_REQUEST_PREFIX,
     MAC_REJECTED_REQUESTS_KEPT,
+    REJECTED_REQUEST_PREFIXES,
     THROUGHPUT_WINDOW_SECONDS,
 )
 
@@ -75,8 +77,11 @@ class EngineStats:
         self._kv_usage = 0.0
         self._generated_total = 0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
-        # request id → blocks its resume refused by their MAC, until its event takes them.
-        self._mac_rejected: collections.OrderedDict[str, int] = collections.OrderedDict()
+        # Per refusal prefix (MAC, layout): request id → blocks its resume refused, until its
+        # event takes them.
+        self._rejected: dict[str, collections.OrderedDict[str, int]] = {
+            prefix: collections.OrderedDict() for prefix in REJECTED_REQUEST_PREFIXES
+        }
 
     def record_step(
         self, running: int, waiting: int, kv_usage: float, generated_tokens: int
@@ -112,13 +117,15 @@ class EngineStats:
         self.record_step(
             step.running_seqs, step.waiting_seqs, step.kv_cache_usage, step.generated_tokens
         )
-        refused = mac_rejections_by_request(step.persisted) if step.persisted else {}
-        if refused:
+        for prefix, kept in self._rejected.items():
+            refused = rejections_by_request(step.persisted, prefix) if step.persisted else {}
+            if not refused:
+                continue
             with self._lock:
                 for request_id, blocks in refused.items():
-                    self._mac_rejected[request_id] = self._mac_rejected.get(request_id, 0) + blocks
-                while len(self._mac_rejected) > MAC_REJECTED_REQUESTS_KEPT:
-                    self._mac_rejected.popitem(last=False)
+                    kept[request_id] = kept.get(request_id, 0) + blocks
+                while len(kept) > MAC_REJECTED_REQUESTS_KEPT:
+                    kept.popitem(last=False)
         if self._observer is not None:
             self._observer.on_step(step)
 
@@ -126,7 +133,13 @@ class EngineStats:
         """The blocks ``request_id``'s resume refused by their MAC (reported with the step
         that found them, which is at the latest the step of its first output); then 0."""
         with self._lock:
-            return self._mac_rejected.pop(request_id, 0)
+            return self._rejected[MAC_REJECTED_REQUEST_PREFIX].pop(request_id, 0)
+
+    def take_layout_rejected(self, request_id: str) -> int:
+        """The blocks ``request_id``'s resume refused because another KV layout wrote them
+        (another tensor parallel degree, backend or dtype); then 0."""
+        with self._lock:
+            return self._rejected[LAYOUT_REJECTED_REQUEST_PREFIX].pop(request_id, 0)
 
     def logger_factory(self) -> Callable[..., Any]:
         """A vLLM stat-logger factory whose loggers feed this object."""
@@ -175,9 +188,11 @@ class EngineStats:
         return _Recorder
 
 
-def mac_rejections_by_request(data: dict[str, Any]) -> dict[str, int]:
-    """The per-request MAC refusals a connector report holds (request id → blocks)."""
-    prefix = MAC_REJECTED_REQUEST_PREFIX
+def rejections_by_request(
+    data: dict[str, Any], prefix: str = MAC_REJECTED_REQUEST_PREFIX
+) -> dict[str, int]:
+    """The per-request refusals of one kind (``prefix``: MAC or layout) a connector report
+    holds (request id → blocks)."""
     return {
         key[len(prefix) :]: int(value)
         for key, value in data.items()

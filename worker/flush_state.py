@@ -8,7 +8,9 @@ A request is *complete* when a standby can continue it with no recompute::
     tail (len-1) % B tokens           stored under the request's key, header naming exactly
                                       those tokens (by count and chain hash)
 
-unless the record says the pause found none of the request's KV computed on this worker
+and, for a sharded worker, the same full blocks and tail under every rank's keys
+(store.keys.shard_suffix; each rank writes, and links, its own shard, so a link alone does
+not say every shard is there) — unless the record says the pause found none of the request's KV computed on this worker
 (it still waited in the engine's queue; the connector marks that after the request's
 tokens), or every token is committed (the engine finished the request as the pause cut the
 stream; the connector commits a finished request's whole list): no block or tail is owed
@@ -21,11 +23,13 @@ the blocks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from common.messages import FlushReport
 from store import RedisStore, RequestStatus, block_hashes, tail_hash
+from store.block_codec import BlockSummary
 from store.redis_store import RequestView
 
 
@@ -62,12 +66,14 @@ def read_flush_state(
     block_tokens: int,
     streamed_tokens: int,
     with_kv: bool,
+    shards: Sequence[str] = (),
 ) -> FlushState:
     """Where ``request_id`` stands (blocking: call on a thread). ``streamed_tokens``: output
     tokens this worker streamed (the store must hold at least those). ``with_kv``: False when
-    this worker persists no KV (policy off); complete then means tokens only."""
+    this worker persists no KV (policy off); complete then means tokens only. ``shards``:
+    every rank's key suffix, for a sharded worker."""
     (state,) = read_flush_states(
-        store, {request_id: streamed_tokens}, model_fingerprint, block_tokens, with_kv
+        store, {request_id: streamed_tokens}, model_fingerprint, block_tokens, with_kv, shards
     )
     return state
 
@@ -78,15 +84,85 @@ def read_flush_states(
     model_fingerprint: str,
     block_tokens: int,
     with_kv: bool,
+    shards: Sequence[str] = (),
 ) -> list[FlushState]:
-    """read_flush_state for many requests (request id -> tokens streamed) in one round trip."""
+    """read_flush_state for many requests (request id -> tokens streamed): one round trip,
+    two for a sharded worker."""
     views = store.request_views(list(streamed_tokens))
-    return [
+    states = [
         _flush_state(
             request_id, views[request_id], model_fingerprint, block_tokens, streamed, with_kv
         )
         for request_id, streamed in streamed_tokens.items()
     ]
+    if not shards or not with_kv:
+        return states
+    owing: dict[str, tuple[list[bytes], int, bytes | None]] = {}
+    for state in states:
+        view = views[state.request_id]
+        if state.complete and view is not None and _owes_kv(view, with_kv):
+            owing[state.request_id] = _expected_blocks(view, model_fingerprint, block_tokens)
+    if not owing:
+        return states
+    shard_views = store.shard_views(
+        {request_id: hashes for request_id, (hashes, _, _) in owing.items()}, shards
+    )
+    return [
+        _with_shards(state, owing[state.request_id], shard_views[state.request_id])
+        if state.request_id in owing
+        else state
+        for state in states
+    ]
+
+
+def _expected_blocks(
+    view: RequestView, model_fingerprint: str, block_tokens: int
+) -> tuple[list[bytes], int, bytes | None]:
+    """The chain hashes of the full blocks a standby needs, and the tail's tokens and hash
+    (0, None: no tail needed)."""
+    record = view.record
+    context = list(record.prompt_token_ids) + view.committed_tokens
+    kv_tokens = max(0, len(context) - 1)
+    full_blocks = kv_tokens // block_tokens
+    hashes = block_hashes(
+        model_fingerprint, context[: full_blocks * block_tokens], block_tokens, record.tenant
+    )
+    tail_tokens = kv_tokens % block_tokens
+    if not tail_tokens:
+        return hashes, 0, None
+    return (
+        hashes,
+        tail_tokens,
+        tail_hash(model_fingerprint, context[:kv_tokens], block_tokens, record.tenant),
+    )
+
+
+def _with_shards(
+    state: FlushState,
+    expected: tuple[list[bytes], int, bytes | None],
+    shard_views: list[tuple[int, BlockSummary | None]],
+) -> FlushState:
+    """``state`` (complete by the links and the plain tail) is complete only if every shard
+    holds the blocks and the tail; else it counts what all shards hold."""
+    hashes, tail_tokens, wanted_tail = expected
+    blocks = min([state.persisted_blocks, *(run for run, _ in shard_views)])
+    tail_ok = wanted_tail is None or all(
+        summary is not None
+        and summary.num_tokens == tail_tokens
+        and summary.prefix_hash == wanted_tail
+        for _, summary in shard_views
+    )
+    complete = blocks == len(hashes) and tail_ok
+    return dataclasses.replace(
+        state, persisted_blocks=blocks, tail_persisted=tail_ok, complete=complete
+    )
+
+
+def _owes_kv(view: RequestView, with_kv: bool) -> bool:
+    """Whether a complete pause of this request must have stored KV (see _flush_state)."""
+    max_tokens = int(view.record.sampling_params.get("max_tokens", 0))
+    generated_all = bool(max_tokens) and len(view.committed_tokens) >= max_tokens
+    return with_kv and not view.record.paused_without_kv and not generated_all
 
 
 def _flush_state(
@@ -124,9 +200,7 @@ def _flush_state(
     kv_ok = linked == full_blocks and tail_ok
     # Every token generated (the engine finished it as the pause cut the stream): a standby
     # has nothing to compute, so no KV is owed.
-    max_tokens = int(record.sampling_params.get("max_tokens", 0))
-    generated_all = bool(max_tokens) and len(committed) >= max_tokens
-    kv_owed = with_kv and not record.paused_without_kv and not generated_all
+    kv_owed = _owes_kv(view, with_kv)
     return FlushState(
         request_id=request_id,
         committed_tokens=len(committed),

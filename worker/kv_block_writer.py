@@ -241,7 +241,8 @@ class KVBlockWriter:
             for block in pending
         ]
         new_writes = [
-            BlockWrite(block.request_id, block.block_index, sealed) for block, sealed in encoded
+            BlockWrite(block.request_id, block.block_index, sealed, self._kv_format.shard)
+            for block, sealed in encoded
         ]
         writes = new_writes + [tail for refused in retried.values() for tail in refused.tails]
         touched = {item.request_id for item in batch} | set(retried)

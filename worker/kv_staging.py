@@ -66,6 +66,12 @@ def staged_path(root: Path, prefix_hash: bytes) -> Path:
     return root / f"{prefix_hash.hex()}{_SUFFIX}"
 
 
+def staged_name(prefix_hash: bytes, shard: str = "") -> bytes:
+    """What a staged value is named by: its block's hash, and a sharded worker's rank
+    (store.keys.shard_suffix) after it, so every rank's shard is a file of its own."""
+    return prefix_hash + shard.encode()
+
+
 def read_staged(root: Path, prefix_hash: bytes) -> memoryview | None:
     """The stored bytes of a staged block, mapped (no copy), or None when it is not staged.
     The mapping outlives a deletion of the file; it is freed with the last view of it."""

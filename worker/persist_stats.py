@@ -15,7 +15,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from worker.constants import MAC_REJECTED_REQUEST_PREFIX
+from worker.constants import REJECTED_REQUEST_PREFIXES
 
 WRITTEN_BLOCKS = "written_blocks"
 WRITTEN_BYTES = "written_bytes"
@@ -27,7 +27,8 @@ LOADED_STORE_BLOCKS = "loaded_store_blocks"
 CACHED_BLOCKS = "cached_blocks"
 # Stored blocks a resume refused because their MAC failed (recomputed instead).
 MAC_REJECTED_BLOCKS = "mac_rejected_blocks"
-# The same per request ("<MAC_REJECTED_REQUEST_PREFIX><request id>" → blocks), from the
+# The same per request ("<MAC_REJECTED_REQUEST_PREFIX><request id>" → blocks; and
+# LAYOUT_REJECTED_REQUEST_PREFIX for blocks another layout wrote), from the
 # scheduler role, which finds them before the request's first step, so the resume's event can
 # say it (worker/engine_stats.py).
 KEYS = (
@@ -52,7 +53,7 @@ class PersistStats(KVConnectorStats):
         for key in KEYS:
             self.data[key] = int(self.data.get(key, 0)) + int(other.data.get(key, 0))
         for key, value in other.data.items():
-            if key.startswith(MAC_REJECTED_REQUEST_PREFIX):
+            if key.startswith(REJECTED_REQUEST_PREFIXES):
                 self.data[key] = int(self.data.get(key, 0)) + int(value)
         return self
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator
 
 from store import StoreUnavailable
+from store.keys import shard_suffixes
 from worker.boundary_abort import abort_at_step_boundary
 from worker.constants import (
     DEFAULT_PREEMPT_GRACE_SECONDS,
@@ -159,6 +160,9 @@ class Preemption:
                 self._ctx.fingerprint,
                 self._ctx.require_shape().kv_chunk_tokens,
                 with_kv=self._ctx.config.kv_persist_policy != "off",
+                shards=shard_suffixes(tp)
+                if (tp := self._ctx.config.tensor_parallel_size) > 1
+                else (),
             )
         except StoreUnavailable:
             return [FlushState(request_id, 0, 0, 0, False, False) for request_id in pending]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from common.messages import PrefetchResult
 from store import RedisStore, block_hashes
-from worker.kv_staging import StagingArea
+from worker.kv_staging import StagingArea, staged_name
 from worker.resume_point import read_stored_point
 
 
@@ -38,9 +38,12 @@ def prefetch_stage(
     request_id: str,
     model_fingerprint: str,
     block_tokens: int,
+    shards: tuple[str, ...] = ("",),
 ) -> PrefetchOutcome:
     """Stages the full blocks of ``request_id`` the store holds and staging does not (blocking:
-    call on a thread). Raises RecordNotFound, CannotResume, StagingFull, StoreUnavailable."""
+    call on a thread); a sharded worker's (``shards``: every rank's key suffix) each rank's
+    shard of them, a block counting once all its shards are staged. Raises RecordNotFound,
+    CannotResume, StagingFull, StoreUnavailable."""
     point = read_stored_point(store, request_id, model_fingerprint)
     context = list(point.engine_prompt)
     if point.record.status.is_terminal:
@@ -55,15 +58,22 @@ def prefetch_stage(
     )
     # A block staged before (by this request's earlier stages, or by another request with the
     # same prefix) is only referenced again.
-    wanted = [h for h in hashes if not staging.share(request_id, h)]
+    wanted = [
+        h for h in hashes if not all([staging.share(request_id, staged_name(h, s)) for s in shards])
+    ]
     new_blocks = 0
     if wanted:
-        for prefix_hash, data in zip(wanted, store.get_block_values(wanted), strict=True):
-            if data is None:  # not persisted (yet): later blocks could not be used either
-                break
-            staging.stage(request_id, prefix_hash, data)
+        values = [store.get_block_values(wanted, shard) for shard in shards]
+        for position, prefix_hash in enumerate(wanted):
+            shard_values = [of_shard[position] for of_shard in values]
+            if any(data is None for data in shard_values):
+                break  # not persisted (yet): later blocks could not be used either
+            for shard, data in zip(shards, shard_values, strict=True):
+                assert data is not None
+                staging.stage(request_id, staged_name(prefix_hash, shard), data)
             new_blocks += 1
-    staged_blocks = staging.blocks_of(request_id)
+    # Every block's shards are staged together (and dropped together with the request).
+    staged_blocks = staging.blocks_of(request_id) // len(shards)
     return PrefetchOutcome(
         staged_blocks=staged_blocks,
         new_blocks=new_blocks,

@@ -25,6 +25,7 @@ from common.requests import (
     TokenChunk,
 )
 from store import RequestStatus
+from store.keys import shard_suffixes
 from worker.constants import (
     KV_PARAM_FIRST_INDEX,
     KV_PARAM_REQUEST_ID,
@@ -93,7 +94,10 @@ class Resumption:
             return
         self._streams.validate(request)
         self._ctx.committer.admit(point.record, point.committed_token_ids)
-        staged = self._ctx.staging.blocks_of(request_id) if self._ctx.staging is not None else 0
+        staging = self._ctx.staging
+        # A sharded worker stages one value per rank of every block (prefetch.py).
+        ranks = self._ctx.config.tensor_parallel_size
+        staged = staging.blocks_of(request_id) // ranks if staging is not None else 0
         kv_params = {
             KV_PARAM_REQUEST_ID: request_id,
             KV_PARAM_RESUME: True,
@@ -174,10 +178,12 @@ class Resumption:
         if refused:
             blocks, their = ("block", "its") if refused == 1 else ("blocks", "their")
             detail += f"; {refused} stored {blocks} refused by {their} MAC (recomputed)"
-        if self._ctx.config.tensor_parallel_size > 1:
+        refused = stats.take_layout_rejected(point.record.request_id) if stats is not None else 0
+        if refused:
+            noun = "block" if refused == 1 else "blocks"
             detail += (
-                f"; stored KV not loaded: tensor parallel size "
-                f"{self._ctx.config.tensor_parallel_size} (loaded by unsharded workers only)"
+                f"; {refused} stored {noun} written in another KV layout (tensor parallel "
+                f"degree, backend, dtype or block size differ from this worker's; recomputed)"
             )
 
         log.info("request %s %s", point.record.request_id, detail)
@@ -214,6 +220,7 @@ class Resumption:
             request_id,
             self._ctx.fingerprint,
             self._ctx.require_shape().kv_chunk_tokens,
+            shard_suffixes(self._ctx.config.tensor_parallel_size),
         )
         if outcome.new_blocks:
             await self._warm(request_id, outcome.staged_prefix, outcome.tenant)
@@ -271,7 +278,4 @@ def _from_index(chunk: TokenChunk, from_index: int) -> TokenChunk | None:
         return chunk
     if end <= from_index and not chunk.finished:
         return None
-    keep = chunk.token_ids[max(0, from_index - chunk.index) :]
-    return dataclasses.replace(
-        chunk, index=max(chunk.index, min(from_index, end)), token_ids=keep, text=""
-    )
+    return chunk.from_index(from_index, text="")

@@ -64,11 +64,13 @@ from store import (
     RedisStore,
     StoreConfig,
 )
+from store.keys import shard_suffix
 from worker.constants import (
     DEFAULT_KV_CHUNK_TOKENS,
     SPOT_CONNECTOR_CLASS,
     SPOT_CONNECTOR_MODULE,
 )
+from worker.kv_fetcher import KVFetcher
 from worker.kv_layout import (
     ParallelPlace,
     copier_for,
@@ -125,13 +127,14 @@ def connector_config(
 
 
 def _loads_refused(place: ParallelPlace) -> str:
-    """Why this worker's resumes recompute rather than load: the scheduler role reads and
-    hands over one payload per block, which holds one rank's shard only."""
-    if not place.sharded:
+    """Why this worker's resumes recompute rather than load: a pipeline stage holds other
+    layers than the scheduler role's format names (tensor-parallel shards load, each rank
+    its own)."""
+    if place.pp_size == 1:
         return ""
     return (
-        f"tensor parallel size {place.tp_size}, pipeline parallel size {place.pp_size}: "
-        "stored KV is loaded by unsharded workers only"
+        f"pipeline parallel size {place.pp_size}: stored KV is loaded by workers of one "
+        "pipeline stage only (each stage's shard is stored, not loaded)"
     )
 
 
@@ -155,15 +158,14 @@ class SpotKVConnector(KVConnectorBase_V1):
         device_type = str(current_platform.device_type)
         place = parallel_place(vllm_config, with_ranks=role == KVConnectorRole.WORKER)
         copier = copier_for(kv_cache_config, vllm_config, device_type, place)
-        kv_format = kv_format_for(
-            kv_cache_config,
-            str(extra.get_from_extra_config("model_fingerprint", "")),
-            copier,
-            int(extra.get_from_extra_config("chunk_tokens", DEFAULT_KV_CHUNK_TOKENS)),
+        fingerprint = str(extra.get_from_extra_config("model_fingerprint", ""))
+        chunk_tokens = int(extra.get_from_extra_config("chunk_tokens", DEFAULT_KV_CHUNK_TOKENS))
+        kv_format = dataclasses.replace(
+            kv_format_for(kv_cache_config, fingerprint, copier, chunk_tokens),
+            shard=shard_suffix(place.tp_rank, place.pp_rank),
         )
-        store = RedisStore.from_config(
-            StoreConfig(**dict(extra.get_from_extra_config("store", {})))
-        )
+        store_config = StoreConfig(**dict(extra.get_from_extra_config("store", {})))
+        store = RedisStore.from_config(store_config)
         staging_dir = str(extra.get_from_extra_config("staging_dir", ""))
         self.connector_scheduler: SpotConnectorScheduler | None = None
         self.connector_worker: SpotConnectorWorker | None = None
@@ -176,9 +178,34 @@ class SpotKVConnector(KVConnectorBase_V1):
                 Path(staging_dir) if staging_dir else None,
                 _loads_refused(place),
                 str(extra.get_from_extra_config("kv_load", "async")),
+                # Rank 0's format is this role's own; the others differ in the rank their
+                # layout string names and in their keys' suffix.
+                [
+                    kv_format,
+                    *(
+                        dataclasses.replace(
+                            kv_format_for(
+                                kv_cache_config,
+                                fingerprint,
+                                copier_for(
+                                    kv_cache_config,
+                                    vllm_config,
+                                    device_type,
+                                    dataclasses.replace(place, tp_rank=rank),
+                                ),
+                                chunk_tokens,
+                            ),
+                            shard=shard_suffix(rank),
+                        )
+                        for rank in range(1, place.tp_size)
+                    ),
+                ],
+                KVFetcher(store_config, store),
             )
         elif role == KVConnectorRole.WORKER:
-            self.connector_worker = SpotConnectorWorker(kv_cache_config, kv_format, copier, store)
+            self.connector_worker = SpotConnectorWorker(
+                kv_cache_config, kv_format, copier, store, place.tp_rank
+            )
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -263,7 +290,7 @@ class SpotKVConnector(KVConnectorBase_V1):
         if self.connector_worker is None:
             if self.connector_scheduler is None:
                 return None
-            return self.connector_scheduler.mac_rejections_report()
+            return self.connector_scheduler.rejections_report()
         return self.connector_worker.get_kv_connector_stats()
 
     @classmethod

@@ -28,10 +28,11 @@ class BlockSave:
 @dataclass(frozen=True)
 class BlockLoad:
     """Fill cache slots ``block_ids`` with engine blocks ``first_block``.. of a verified stored
-    chunk (the ones before it were found in vLLM's prefix cache)."""
+    chunk (the ones before it were found in vLLM's prefix cache); ``payloads``: the chunk's
+    shard of each tensor-parallel rank, rank order (one for an unsharded worker)."""
 
     block_ids: tuple[int, ...]
-    payload: Buffer
+    payloads: tuple[Buffer, ...]
     staged: bool = False  # from the staging memory of a migration, not from Redis
     num_tokens: int = 0  # tokens the payload holds; below the chunk size: a partial tail
     first_block: int = 0

@@ -4,13 +4,17 @@ to save, the token lists to commit and the cache slots to keep until they are co
 spot_connector.py for both sides at once.
 
 Block identity is the store's hash chain over the token ids and the model fingerprint; this
-side has every request's token ids, so it names each block by its hash.
+side has every request's token ids, so it names each block by its hash. A tensor-parallel
+worker stores one shard per rank (store/keys.py): a resume reads every rank's shard of a
+block, uses the block only if all of them verify, and hands each rank its own payload.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +32,7 @@ from store import (
     block_reads,
     tail_hash,
 )
-from store.block_codec import decode_block
+from store.block_codec import Buffer, decode_block
 from store.block_refs import BlockRead
 from worker.constants import (
     FLUSH_ASSUMED_BYTES_PER_SECOND,
@@ -38,10 +42,13 @@ from worker.constants import (
     KV_PARAM_RESUME,
     KV_PARAM_TENANT,
     KV_PARAM_WARM,
+    LAYOUT_REJECTED_REQUEST_PREFIX,
+    LOOKUP_ATTEMPTS,
     MAC_REJECTED_REQUEST_PREFIX,
 )
 from worker.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
-from worker.kv_staging import read_staged
+from worker.kv_fetcher import BlockReader, KVFetcher
+from worker.kv_staging import read_staged, staged_name
 from worker.persist_stats import PersistStats
 from worker.spot_connector_metadata import BlockLoad, BlockSave, SpotConnectorMetadata
 
@@ -57,6 +64,9 @@ log = logging.getLogger(__name__)
 _STALE_TAIL_REASONS = frozenset(
     {RejectReason.MISSING, RejectReason.PREFIX_HASH, RejectReason.GEOMETRY}
 )
+
+Sharded = tuple[KVBlock, ...]
+"""One stored block as every rank's shard of it (one element for an unsharded worker)."""
 
 
 @dataclass(frozen=True)
@@ -95,24 +105,93 @@ class _Tracked:
 @dataclass(frozen=True)
 class _LoadPlan:
     first_block: int  # index of the first block to load (the local hit ends before it)
-    blocks: list[KVBlock]
+    blocks: list[Sharded]
     matched_tokens: int  # tokens beyond the local hit whose KV the blocks hold
     staged: int = 0  # how many of ``blocks`` (the leading ones) came from staging memory
     skip_blocks: int = 0  # engine blocks of the first chunk that the local hit holds already
 
 
 def load_blocks(
-    wanted: list[BlockRead], staging_root: Path | None, kv_format: KVFormat, store: RedisStore
+    wanted: list[BlockRead],
+    staging_root: Path | None,
+    kv_formats: Sequence[KVFormat],
+    store: RedisStore,
+    reader: BlockReader | None = None,
+) -> tuple[list[Sharded | BlockRejected], list[bool]]:
+    """``wanted`` blocks, every shard of each (``kv_formats``: one per rank, rank order),
+    from the staging memory where a migration prefetched them (verified like a store read),
+    the rest from Redis through ``reader`` (the store itself by default), one round trip per
+    shard; with, per block, whether it came from staging. A block with a refused shard is
+    refused (the first refusal says why)."""
+    shards = [
+        _load_shard(
+            [dataclasses.replace(read, shard=form.shard) for read in wanted],
+            staging_root,
+            form,
+            store,
+            reader or store,
+        )
+        for form in kv_formats
+    ]
+    blocks: list[Sharded | BlockRejected] = []
+    for of_block in zip(*(loaded for loaded, _ in shards), strict=True):
+        refused = [block for block in of_block if isinstance(block, BlockRejected)]
+        blocks.append(
+            refused[0] if refused else tuple(b for b in of_block if isinstance(b, KVBlock))
+        )
+    staged = [all(flags) for flags in zip(*(flags for _, flags in shards), strict=True)]
+    return blocks, staged
+
+
+def _payloads(shards: Sharded) -> tuple[Buffer, ...]:
+    """Each rank's payload of a block. The ranks of a tensor-parallel worker run in other
+    processes and get the step's metadata pickled: a staged block's mapped view is copied to
+    bytes for them (an unsharded worker's runner maps it where it is)."""
+    if len(shards) == 1:
+        return (shards[0].payload,)
+    return tuple(bytes(shard.payload) for shard in shards)
+
+
+def read_blocks(
+    request_id: str,
+    wanted: list[BlockRead],
+    staging_root: Path | None,
+    kv_formats: Sequence[KVFormat],
+    store: RedisStore,
+    attempts: int,
+    reader: BlockReader | None = None,
+) -> tuple[list[Sharded | BlockRejected], list[bool]] | None:
+    """load_blocks, tried ``attempts`` times while Redis is unavailable; None when it stays
+    so (the resume recomputes)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return load_blocks(wanted, staging_root, kv_formats, store, reader)
+        except StoreUnavailable as exc:
+            again = attempt < attempts
+            log.log(
+                logging.INFO if again else logging.WARNING,
+                "resume of %s: Redis unavailable, %s (%s)",
+                request_id,
+                "reading again" if again else "recomputing",
+                exc,
+            )
+    return None
+
+
+def _load_shard(
+    wanted: list[BlockRead],
+    staging_root: Path | None,
+    kv_format: KVFormat,
+    store: RedisStore,
+    reader: BlockReader,
 ) -> tuple[list[KVBlock | BlockRejected], list[bool]]:
-    """``wanted`` blocks, from the staging memory where a migration prefetched them (verified
-    like a store read), the rest from Redis in one round trip; with, per block, whether it
-    came from staging."""
+    """load_blocks for one shard."""
     loaded: list[KVBlock | BlockRejected | None] = [None] * len(wanted)
     if staging_root is not None:
         for position, read in enumerate(wanted):
             if not read.is_full:
                 continue
-            data = read_staged(staging_root, read.prefix_hash)
+            data = read_staged(staging_root, staged_name(read.prefix_hash, read.shard))
             if data is None:
                 continue
             try:
@@ -123,7 +202,7 @@ def load_blocks(
                 log.warning("staged %s; reading it from the store instead", rejected)
     missing = [position for position, block in enumerate(loaded) if block is None]
     if missing:
-        fetched = store.get_blocks([wanted[p] for p in missing], kv_format)
+        fetched = reader.get_blocks([wanted[p] for p in missing], kv_format)
         for position, block in zip(missing, fetched, strict=True):
             loaded[position] = block
     from_store = set(missing)
@@ -156,6 +235,19 @@ def add_flushes(meta: SpotConnectorMetadata, flushes: list[_Flush], block_bytes:
     meta.without_kv.extend(flush.without_kv for flush in flushes if flush.without_kv)
 
 
+def _lookups(
+    kv_load: str, fetcher: KVFetcher | None
+) -> tuple[ThreadPoolExecutor | None, KVFetcher | None]:
+    """kv_load async: the thread the store reads run on (None: inside the scheduler call),
+    and the fetcher it reads through (started at once: its process takes a while)."""
+    if kv_load != "async":
+        return None, None
+    lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-kv-lookup")
+    if fetcher is not None:
+        lookups.submit(fetcher.start)
+    return lookups, fetcher
+
+
 class SpotConnectorScheduler:
     """The scheduler role's half of `SpotKVConnector` (vLLM calls it from the engine core's
     scheduler, one thread). ``policy``: ``eager``, ``lazy`` or ``off`` (see spot_connector.py);
@@ -164,7 +256,8 @@ class SpotConnectorScheduler:
     ``kv_load``: ``async`` reads a resume's stored KV on a thread while the engine steps on
     (vLLM asks again each step until the count is known) and loads it through vLLM's
     asynchronous path; ``sync`` reads it inside the scheduler call (every other sequence on
-    the worker waits for the read) and loads it before the next forward pass."""
+    the worker waits for the read) and loads it before the next forward pass; ``fetcher``:
+    where the lookup thread reads from Redis (kv_fetcher.py; None: in this process)."""
 
     def __init__(
         self,
@@ -175,14 +268,13 @@ class SpotConnectorScheduler:
         staging_root: Path | None,
         loads_refused: str = "",
         kv_load: str = "async",
+        shard_formats: Sequence[KVFormat] = (),
+        fetcher: KVFetcher | None = None,
     ) -> None:
         self._kv_cache_config = kv_cache_config
-        # kv_load async: the store reads run here (None: inside the scheduler call).
-        self._lookups = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-kv-lookup")
-            if kv_load == "async"
-            else None
-        )
+        # Every rank's format, rank order (the first is ``kv_format``): a resume reads them all.
+        self._shard_formats = tuple(shard_formats) or (kv_format,)
+        self._lookups, self._fetcher = _lookups(kv_load, fetcher)
         # The lookup thread counts refused blocks; the scheduler thread reports them.
         self._counts_lock = threading.Lock()
         self._receiving: list[str] = []
@@ -200,7 +292,8 @@ class SpotConnectorScheduler:
         self._final_commits: list[TokenCommit] = []
         self._cached_blocks = 0
         self._mac_rejected_blocks = 0
-        self._mac_rejected_by_request: dict[str, int] = {}
+        # "<refusal prefix><request id>" -> blocks (see worker/constants.py).
+        self._rejected_by_request: dict[str, int] = {}
 
     def on_new_request(self, request: Request) -> None:
         params = request.kv_transfer_params or {}
@@ -273,15 +366,23 @@ class SpotConnectorScheduler:
             )
             if kv_reads[-1].block_index >= first_block:
                 tail = kv_reads[-1]
-        try:
-            wanted = reads + ([tail] if tail is not None else [])
-            loaded, staged = load_blocks(wanted, self._staging_root, self._kv_format, self._store)
-        except StoreUnavailable as exc:
-            log.warning(
-                "resume of %s: Redis unavailable, recomputing (%s)", tracked.request_id, exc
-            )
+        wanted = reads + ([tail] if tail is not None else [])
+        # On the lookup thread a retry costs no other sequence a thing; inside the scheduler
+        # call (kv_load sync) every sequence waits for it, so there is none.
+        attempts = LOOKUP_ATTEMPTS if self._lookups is not None else 1
+        read = read_blocks(
+            tracked.request_id,
+            wanted,
+            self._staging_root,
+            self._shard_formats,
+            self._store,
+            attempts,
+            self._fetcher,
+        )
+        if read is None:
             return _LoadPlan(first_block, [], 0)
-        usable: list[KVBlock] = []
+        loaded, staged = read
+        usable: list[Sharded] = []
         for block in loaded[: len(reads)]:
             if isinstance(block, BlockRejected):
                 self._count_rejected(tracked, block, RejectReason.MISSING)
@@ -295,7 +396,7 @@ class SpotConnectorScheduler:
                 usable.append(block)
         # vLLM computes at least the last prompt token itself; a count that does not end on
         # a block boundary is fine (the last loaded block is then only partly used).
-        stored = sum(block.num_tokens for block in usable)
+        stored = sum(block[0].num_tokens for block in usable)
         end = min(first_block * block_tokens + stored, len(token_ids) - 1)
         matched = max(0, end - num_computed_tokens)
         if not matched:
@@ -311,26 +412,27 @@ class SpotConnectorScheduler:
         if block.reason in harmless:
             return
         tracked.rejected_blocks += 1
+        prefix = {
+            RejectReason.MAC: MAC_REJECTED_REQUEST_PREFIX,
+            RejectReason.LAYOUT: LAYOUT_REJECTED_REQUEST_PREFIX,
+        }.get(block.reason)
         if block.reason is RejectReason.MAC:
             tracked.mac_rejected_blocks += 1
+        if prefix is not None:
             with self._counts_lock:
-                self._mac_rejected_blocks += 1
-                by_request = self._mac_rejected_by_request
-                by_request[tracked.request_id] = by_request.get(tracked.request_id, 0) + 1
+                self._mac_rejected_blocks += block.reason is RejectReason.MAC
+                by_request = self._rejected_by_request
+                key = prefix + tracked.request_id
+                by_request[key] = by_request.get(key, 0) + 1
         log.warning("resume of %s: %s; its tokens are recomputed", tracked.request_id, block)
 
-    def mac_rejections_report(self) -> PersistStats | None:
-        """The blocks refused by their MAC per request since the last call (vLLM sends the
-        scheduler role's stats with the outputs of the step they were found in)."""
+    def rejections_report(self) -> PersistStats | None:
+        """The blocks refused by their MAC or their layout, per request, since the last call
+        (vLLM sends the scheduler role's stats with the outputs of the step they were found
+        in)."""
         with self._counts_lock:
-            rejected, self._mac_rejected_by_request = self._mac_rejected_by_request, {}
-        if not rejected:
-            return None
-        data = {
-            MAC_REJECTED_REQUEST_PREFIX + request_id: count
-            for request_id, count in rejected.items()
-        }
-        return PersistStats(data=data)
+            rejected, self._rejected_by_request = self._rejected_by_request, {}
+        return PersistStats(data=dict(rejected)) if rejected else None
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -342,7 +444,8 @@ class SpotConnectorScheduler:
         if num_external_tokens == 0 or not plan.blocks:
             return
         block_ids = blocks.get_block_ids()[0]
-        for offset, block in enumerate(plan.blocks):
+        for offset, shards in enumerate(plan.blocks):
+            block = shards[0]
             slots = self._slots(block_ids, plan.first_block + offset, block.num_tokens)
             # The local hit may end inside the first chunk: its leading blocks are cached.
             first = plan.skip_blocks if offset == 0 else 0
@@ -351,7 +454,7 @@ class SpotConnectorScheduler:
             self._loads.append(
                 BlockLoad(
                     slots[first:],
-                    block.payload,
+                    _payloads(shards),
                     offset < plan.staged,
                     block.num_tokens,
                     first,
@@ -362,7 +465,7 @@ class SpotConnectorScheduler:
             # vLLM waits for this id in get_finished (it was told the load is asynchronous).
             self._receiving.append(request.request_id)
         # A loaded tail is not a saved block: once full it must be saved like any other.
-        full = [block for block in plan.blocks if block.is_full]
+        full = [shards[0] for shards in plan.blocks if shards[0].is_full]
         tracked.chain = [block.prefix_hash for block in full]
         if plan.first_block:
             tracked.chain = block_hashes(
@@ -541,4 +644,6 @@ class SpotConnectorScheduler:
     def shutdown(self) -> None:
         if self._lookups is not None:
             self._lookups.shutdown(wait=False, cancel_futures=True)
+        if self._fetcher is not None:
+            self._fetcher.close()
         self._store.close()

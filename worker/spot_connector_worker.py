@@ -8,6 +8,10 @@ lists its request in ``receiving``, asynchronous: copied on the loader thread wh
 step runs (vLLM holds the request back until get_finished names it; the slots it fills
 belong to no running request) and reported once done. A copy that fails reports its slots
 through `take_load_errors`, so vLLM recomputes them instead of reading garbage.
+
+On a tensor-parallel worker every rank runs one of these: each saves its own shard of a block
+(under its own keys, ``kv_format.shard``) and loads its own payload of a BlockLoad; token
+commits and marks are the same on every rank, so rank 0 alone writes them.
 """
 
 from __future__ import annotations
@@ -55,8 +59,10 @@ class SpotConnectorWorker:
         kv_format: KVFormat,
         copier: KVCopier,
         store: RedisStore,
+        tp_rank: int = 0,
     ) -> None:
         self._kv_format = kv_format
+        self._tp_rank = tp_rank
         self._copier = copier
         self._header_bytes = header_bytes(kv_format)
         self._num_blocks = int(kv_cache_config.num_blocks)
@@ -109,7 +115,11 @@ class SpotConnectorWorker:
     def _copy_in(self, load: BlockLoad) -> None:
         blocks, last = self._copier.last_block_tokens(load.num_tokens)
         value, last = self._copier.part(
-            host_tensor(load.payload), blocks, last, load.first_block, len(load.block_ids)
+            host_tensor(load.payloads[self._tp_rank]),
+            blocks,
+            last,
+            load.first_block,
+            len(load.block_ids),
         )
         self._copier.scatter(self._tensors, load.block_ids, value, last)
         with self._load_lock:
@@ -126,8 +136,10 @@ class SpotConnectorWorker:
 
     def wait_for_save(self, meta: SpotConnectorMetadata) -> None:
         """Copies the step's saves out of the cache (whole blocks, all layers) after the
-        forward pass and queues them, with the step's commits and marks, for the writer."""
-        for commit in meta.commits:
+        forward pass and queues them, with the step's commits and marks (rank 0's), for the
+        writer."""
+        first_rank = self._tp_rank == 0
+        for commit in meta.commits if first_rank else ():
             self._writer.submit_tokens(commit)
         for save in meta.saves:
             self._writer.submit(
@@ -145,9 +157,9 @@ class SpotConnectorWorker:
                 ),
                 required=save.required,
             )
-        for request_id in meta.without_kv:
+        for request_id in meta.without_kv if first_rank else ():
             self._writer.submit_no_kv(request_id)
-        for commit in meta.final_commits:
+        for commit in meta.final_commits if first_rank else ():
             self._writer.submit_tokens(commit, final=True)
         # The copies are private: the cache slots may be freed now.
         self._released.update(meta.released)

@@ -24,6 +24,8 @@ from common.requests import (
     GenerationRequest,
     SlaClass,
     TokenChunk,
+    TokenLogprobs,
+    TopLogprob,
     engine_priority,
 )
 from common.validation import check_priority, check_prompt_tokens, check_sampling
@@ -167,7 +169,7 @@ class RequestStreams:
             )
             timed = False
             async for output in outputs:
-                chunk, paused_here = self._step_chunk(request_id, output, index, running.paused)
+                chunk, paused_here = self._step_chunk(request, output, index, running.paused)
                 if not timed and chunk.token_ids:
                     timed = True
                     chunk = _with_engine_timing(chunk, output)
@@ -211,7 +213,7 @@ class RequestStreams:
             running.done.set()
 
     def _step_chunk(
-        self, request_id: str, output: Any, index: int, paused: bool
+        self, request: GenerationRequest, output: Any, index: int, paused: bool
     ) -> tuple[TokenChunk, bool]:
         """One vLLM output as a chunk at ``index``, and whether it is the abort of a paused
         request: a pause is not an end, so its chunk does not finish (the NOTICE follows)."""
@@ -222,13 +224,18 @@ class RequestStreams:
         paused_here = chunk_finish == FinishReason.CANCELLED and paused
         if paused_here:
             chunk_finish = FinishReason.NONE
+        token_ids = tuple(completion.token_ids)
+        top_k = request.sampling.logprobs
         chunk = TokenChunk(
-            request_id=request_id,
+            request_id=request.request_id,
             index=index,
-            token_ids=tuple(completion.token_ids),
+            token_ids=token_ids,
             text=completion.text,
             finish_reason=chunk_finish,
             worker_id=self._ctx.config.worker_id,
+            logprobs=_token_logprobs(token_ids, completion.logprobs, top_k)
+            if top_k is not None
+            else (),
         )
         return chunk, paused_here
 
@@ -285,6 +292,7 @@ class RequestStreams:
             seed=sampling.seed,
             stop=list(sampling.stop) or None,
             ignore_eos=sampling.ignore_eos,
+            logprobs=sampling.logprobs,
             output_kind=RequestOutputKind.DELTA,
             # vLLM suffixes its request ids; the connector finds ours here.
             extra_args={"kv_transfer_params": kv_params} if kv_params else None,
@@ -342,6 +350,29 @@ def _with_engine_timing(chunk: TokenChunk, output: Any) -> TokenChunk:
         return chunk
     queued = float(getattr(stats, "queued_ts", 0.0) or 0.0) or scheduled
     return dataclasses.replace(chunk, engine_timing=EngineTiming(queued, scheduled))
+
+
+def _token_logprobs(
+    token_ids: Sequence[int], positions: Sequence[Any] | None, top_k: int
+) -> tuple[TokenLogprobs, ...]:
+    """vLLM's logprobs of one step's tokens (per position, the sampled token's `Logprob` and
+    the k best ones' by token id, ranked from 1) as one `TokenLogprobs` per token."""
+    if positions is None or len(positions) != len(token_ids):
+        return ()
+    logprobs = []
+    for token_id, position in zip(token_ids, positions, strict=True):
+        ranked = sorted(
+            (entry.rank, candidate, entry.logprob)
+            for candidate, entry in position.items()
+            if entry.rank is not None and entry.rank <= top_k
+        )
+        logprobs.append(
+            TokenLogprobs(
+                logprob=float(position[token_id].logprob),
+                top=tuple(TopLogprob(int(t), float(lp)) for _, t, lp in ranked[:top_k]),
+            )
+        )
+    return tuple(logprobs)
 
 
 def sla_class_named(name: str) -> SlaClass:

@@ -224,7 +224,8 @@ def release_requests(redis_url: str, request_ids: Sequence[str], **options: str)
     client = redis.Redis.from_url(redis_url, **options)
     try:
         for request_id in request_ids:
-            client.eval(RELEASE_REQUEST.source, 4, *keys.request_keys(request_id), 0)
+            request_keys = keys.request_keys(request_id)
+            client.eval(RELEASE_REQUEST.source, len(request_keys), *request_keys, 0)
     finally:
         client.close()
 

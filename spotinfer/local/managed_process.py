@@ -39,7 +39,10 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # where `python -m worker` etc. resolve
 OUTPUT_TAIL_CHARS = 4000
-KILL_WAIT_SECONDS = 10.0
+# How long to wait for a SIGKILLed process to be reaped. It cannot refuse to die, but on a
+# loaded machine its end can take a while: a worker of two tensor-parallel ranks killed while
+# its standby prefills took over 10 s once, with the whole machine stalled for 8 s.
+KILL_WAIT_SECONDS = 60.0
 # argv: parent pid, then the command. prctl option 1 is PR_SET_PDEATHSIG (<linux/prctl.h>);
 # the setting survives the exec.
 _DEATH_WRAPPER = (

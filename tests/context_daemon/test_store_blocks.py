@@ -61,6 +61,7 @@ def writes_for(
             KVBlock(
                 kv_format, read.prefix_hash, read.num_tokens, payload_for(read.block_index, seed)
             ),
+            kv_format.shard,
         )
         for read in block_reads(request_id, kv_format, tokens)
     ]

@@ -3,9 +3,6 @@ trusted), many streams read at once, and an uninterrupted reference from vLLM of
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,8 +10,8 @@ from pathlib import Path
 import grpc
 
 from protos.spotinfer.v1 import common_pb2, inference_pb2_grpc
-from spotinfer.local.worker_process import REPO_ROOT, process_environment
 from tests.coordinator.conftest import greedy
+from tests.support.offline_runs import run_offline_reference
 
 WAIT_SECONDS = 600
 STREAM_TIMEOUT_SECONDS = 900
@@ -92,28 +89,10 @@ def offline_reference(
 ) -> list[list[int]]:
     """vLLM's offline LLM.generate, in its own process and without Redis: an uninterrupted
     run that cannot have been fed by blocks a drill persisted."""
-    requests = tmp_path / "requests.json"
-    out = tmp_path / "reference.json"
-    requests.write_text(
-        json.dumps(
-            [{"prompt_token_ids": p, "max_tokens": max_tokens, "ignore_eos": True} for p in prompts]
-        )
+    requests = [
+        {"prompt_token_ids": p, "max_tokens": max_tokens, "ignore_eos": True} for p in prompts
+    ]
+    result: list[list[int]] = run_offline_reference(
+        model, requests, tmp_path, max_model_len, WAIT_SECONDS
     )
-    engine = {"dtype": "float32", "max_model_len": max_model_len, "kv_cache_memory_bytes": 64 << 20}
-    subprocess.run(
-        [
-            sys.executable,
-            "tests/support/offline_reference.py",
-            str(model),
-            str(requests),
-            str(out),
-            json.dumps(engine),
-        ],
-        cwd=REPO_ROOT,
-        env=process_environment(),
-        check=True,
-        capture_output=True,
-        timeout=WAIT_SECONDS,
-    )
-    result: list[list[int]] = json.loads(out.read_text())
     return result

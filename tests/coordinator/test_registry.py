@@ -28,8 +28,13 @@ PROMPT_IDS = [5, 17, 42, 99]
 
 @pytest.fixture
 def empty(tmp_path: Path) -> Iterator[CoordinatorProcess]:
-    """A coordinator that starts with no worker at all."""
-    process = start_coordinator("--lost-after-seconds", "2", log_dir=tmp_path, wait_serving=False)
+    """A coordinator that starts with no worker at all, and refuses a request at once while
+    it has none (no capacity wait: test_capacity_wait.py has the waiting one)."""
+    process = start_coordinator(
+        *("--lost-after-seconds", "2", "--capacity-wait-seconds", "0"),
+        log_dir=tmp_path,
+        wait_serving=False,
+    )
     yield process
     process.stop()
 

@@ -86,6 +86,19 @@ def test_a_stop_that_is_not_strings_is_400_not_500(fuzz_cluster: FuzzCluster, st
     assert "stop must be" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("messages", [[[], []], [[{"role": "user", "content": "hi"}]], ["hi"]])
+def test_messages_that_are_not_objects_are_400_not_500(fuzz_cluster: FuzzCluster, messages: Any):
+    """{"messages": [[], []]}: the chat template read a list of lists as a batch of
+    conversations, and the prompt became lists of token ids (a TypeError: a 500)."""
+    response = requests.post(
+        fuzz_cluster.coordinator.http_url + "/v1/chat/completions",
+        json={"messages": messages, "max_tokens": 1},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    assert "messages must be objects" in response.json()["error"]["message"]
+
+
 def test_a_capacity_with_more_free_blocks_than_it_has_is_invalid_argument(
     fuzz_cluster: FuzzCluster,
 ):

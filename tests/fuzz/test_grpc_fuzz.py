@@ -30,6 +30,7 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
+from common.validation import MAX_LOGPROBS
 from protos.spotinfer.v1 import common_pb2, control_pb2, inference_pb2
 from tests.fuzz.conftest import (
     DEAD_ADDRESSES,
@@ -87,6 +88,7 @@ OVERRIDES: dict[str, st.SearchStrategy[Any]] = {
     "spotinfer.v1.SamplingParams.temperature": st.floats(0, 2),
     "spotinfer.v1.SamplingParams.top_p": st.floats(0, 1),
     "spotinfer.v1.SamplingParams.top_k": st.integers(0, 50),
+    "spotinfer.v1.SamplingParams.logprobs": st.integers(-1, MAX_LOGPROBS + 1),
     "spotinfer.v1.SamplingParams.stop": st.sampled_from(("\n", "b", "stop")),
     "spotinfer.v1.AttachRequest.request_id": st.sampled_from(FINISHED_REQUEST_IDS),
     "spotinfer.v1.AttachRequest.from_index": st.integers(0, 4),

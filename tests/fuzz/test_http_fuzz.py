@@ -138,6 +138,10 @@ _json_fragments = st.sampled_from(
         b'{"prompt": "hi", "stop": [1, null]}',
         b'{"prompt": "hi", "seed": -1, "max_tokens": 1}',
         b'{"prompt": "hi", "max_tokens": 1, "request_id": 7}',
+        b'{"prompt": "hi", "max_tokens": 1, "logprobs": 21}',
+        b'{"prompt": "hi", "max_tokens": 1, "logprobs": true}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": -1}',
         b"\xff\xfe{}",
     )
 )

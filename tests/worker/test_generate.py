@@ -3,9 +3,6 @@ contiguous indices, under concurrency."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,7 +10,8 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from protos.spotinfer.v1 import common_pb2, worker_pb2
-from spotinfer.local.worker_process import REPO_ROOT, WorkerProcess, process_environment
+from spotinfer.local.worker_process import WorkerProcess
+from tests.support.offline_runs import run_offline_reference
 
 PROMPTS = [
     "The morning train left the station",
@@ -43,30 +41,11 @@ def _assemble(responses: list[common_pb2.GenerateResponse]) -> list[int]:
 
 
 def _offline_reference(model: Path, prompts: list[list[int]], tmp_path: Path) -> list[list[int]]:
-    requests = tmp_path / "requests.json"
-    out = tmp_path / "reference.json"
-    requests.write_text(
-        json.dumps(
-            [{"prompt_token_ids": p, "max_tokens": MAX_TOKENS, "ignore_eos": True} for p in prompts]
-        )
-    )
-    engine = {"dtype": "float32", "max_model_len": 1024, "kv_cache_memory_bytes": 64 << 20}
-    subprocess.run(
-        [
-            sys.executable,
-            "tests/support/offline_reference.py",
-            str(model),
-            str(requests),
-            str(out),
-            json.dumps(engine),
-        ],
-        cwd=REPO_ROOT,
-        env=process_environment(),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return json.loads(out.read_text())
+    requests = [
+        {"prompt_token_ids": p, "max_tokens": MAX_TOKENS, "ignore_eos": True} for p in prompts
+    ]
+    result: list[list[int]] = run_offline_reference(model, requests, tmp_path)
+    return result
 
 
 def test_concurrent_greedy_streams_equal_offline_generate(

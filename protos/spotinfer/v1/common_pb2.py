@@ -24,27 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/spotinfer/v1/common.proto\x12\x0cspotinfer.v1\"\x95\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x07\n\x05_seed\"\x98\x01\n\x05\x45vent\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.spotinfer.v1.EventKind\x12\x13\n\x0b\x66rom_worker\x18\x02 \x01(\t\x12\x11\n\tto_worker\x18\x03 \x01(\t\x12\x19\n\x11recomputed_tokens\x18\x04 \x01(\r\x12\x15\n\rloaded_tokens\x18\x05 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\xde\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.spotinfer.v1.SamplingParams\x12)\n\tsla_class\x18\x05 \x01(\x0e\x32\x16.spotinfer.v1.SlaClass\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x15\n\x08priority\x18\x07 \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_priority\"7\n\x0c\x45ngineTiming\x12\x11\n\tqueued_at\x18\x01 \x01(\x01\x12\x14\n\x0cscheduled_at\x18\x02 \x01(\x01\"\xf3\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x31\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1a.spotinfer.v1.FinishReason\x12\"\n\x05\x65vent\x18\x06 \x01(\x0b\x32\x13.spotinfer.v1.Event\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x31\n\rengine_timing\x18\x08 \x01(\x0b\x32\x1a.spotinfer.v1.EngineTiming*U\n\x08SlaClass\x12\x19\n\x15SLA_CLASS_UNSPECIFIED\x10\x00\x12\x19\n\x15SLA_CLASS_INTERACTIVE\x10\x01\x12\x13\n\x0fSLA_CLASS_BATCH\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xa0\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45VENT_KIND_MIGRATED\x10\x01\x12\x18\n\x14\x45VENT_KIND_RECOVERED\x10\x02\x12\x16\n\x12\x45VENT_KIND_RESUMED\x10\x03\x12\x15\n\x11\x45VENT_KIND_QUEUED\x10\x04\x12\x15\n\x11\x45VENT_KIND_NOTICE\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/spotinfer/v1/common.proto\x12\x0cspotinfer.v1\"\xb9\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x15\n\x08logprobs\x18\x08 \x01(\x05H\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\x98\x01\n\x05\x45vent\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.spotinfer.v1.EventKind\x12\x13\n\x0b\x66rom_worker\x18\x02 \x01(\t\x12\x11\n\tto_worker\x18\x03 \x01(\t\x12\x19\n\x11recomputed_tokens\x18\x04 \x01(\r\x12\x15\n\rloaded_tokens\x18\x05 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\xde\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.spotinfer.v1.SamplingParams\x12)\n\tsla_class\x18\x05 \x01(\x0e\x32\x16.spotinfer.v1.SlaClass\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x15\n\x08priority\x18\x07 \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_priority\"7\n\x0c\x45ngineTiming\x12\x11\n\tqueued_at\x18\x01 \x01(\x01\x12\x14\n\x0cscheduled_at\x18\x02 \x01(\x01\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"G\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12%\n\x03top\x18\x02 \x03(\x0b\x32\x18.spotinfer.v1.TopLogprob\"\xa2\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x31\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1a.spotinfer.v1.FinishReason\x12\"\n\x05\x65vent\x18\x06 \x01(\x0b\x32\x13.spotinfer.v1.Event\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x31\n\rengine_timing\x18\x08 \x01(\x0b\x32\x1a.spotinfer.v1.EngineTiming\x12-\n\x08logprobs\x18\t \x03(\x0b\x32\x1b.spotinfer.v1.TokenLogprobs*U\n\x08SlaClass\x12\x19\n\x15SLA_CLASS_UNSPECIFIED\x10\x00\x12\x19\n\x15SLA_CLASS_INTERACTIVE\x10\x01\x12\x13\n\x0fSLA_CLASS_BATCH\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xa0\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45VENT_KIND_MIGRATED\x10\x01\x12\x18\n\x14\x45VENT_KIND_RECOVERED\x10\x02\x12\x16\n\x12\x45VENT_KIND_RESUMED\x10\x03\x12\x15\n\x11\x45VENT_KIND_QUEUED\x10\x04\x12\x15\n\x11\x45VENT_KIND_NOTICE\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.spotinfer.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SLACLASS']._serialized_start=885
-  _globals['_SLACLASS']._serialized_end=970
-  _globals['_FINISHREASON']._serialized_start=973
-  _globals['_FINISHREASON']._serialized_end=1122
-  _globals['_EVENTKIND']._serialized_start=1125
-  _globals['_EVENTKIND']._serialized_end=1285
+  _globals['_SLACLASS']._serialized_start=1090
+  _globals['_SLACLASS']._serialized_end=1175
+  _globals['_FINISHREASON']._serialized_start=1178
+  _globals['_FINISHREASON']._serialized_end=1327
+  _globals['_EVENTKIND']._serialized_start=1330
+  _globals['_EVENTKIND']._serialized_end=1490
   _globals['_SAMPLINGPARAMS']._serialized_start=51
-  _globals['_SAMPLINGPARAMS']._serialized_end=200
-  _globals['_EVENT']._serialized_start=203
-  _globals['_EVENT']._serialized_end=355
-  _globals['_GENERATEREQUEST']._serialized_start=358
-  _globals['_GENERATEREQUEST']._serialized_end=580
-  _globals['_ENGINETIMING']._serialized_start=582
-  _globals['_ENGINETIMING']._serialized_end=637
-  _globals['_GENERATERESPONSE']._serialized_start=640
-  _globals['_GENERATERESPONSE']._serialized_end=883
+  _globals['_SAMPLINGPARAMS']._serialized_end=236
+  _globals['_EVENT']._serialized_start=239
+  _globals['_EVENT']._serialized_end=391
+  _globals['_GENERATEREQUEST']._serialized_start=394
+  _globals['_GENERATEREQUEST']._serialized_end=616
+  _globals['_ENGINETIMING']._serialized_start=618
+  _globals['_ENGINETIMING']._serialized_end=673
+  _globals['_TOPLOGPROB']._serialized_start=675
+  _globals['_TOPLOGPROB']._serialized_end=722
+  _globals['_TOKENLOGPROBS']._serialized_start=724
+  _globals['_TOKENLOGPROBS']._serialized_end=795
+  _globals['_GENERATERESPONSE']._serialized_start=798
+  _globals['_GENERATERESPONSE']._serialized_end=1088
 # @@protoc_insertion_point(module_scope)

@@ -18,6 +18,7 @@ from store import RequestNotFound, RequestRecord, RequestStatus
 from store.request_record import sampling_to_record
 from tests.support.factories import (
     COORDINATOR_ADDRESS,
+    RELEASE_RETRY_SECONDS,
     Cluster,
     make_request,
     read_all,
@@ -193,6 +194,37 @@ async def test_a_release_that_overtakes_the_workers_finish_still_ends_the_keys(
     assert cluster.store.get_request("quick").status is RequestStatus.RUNNING
     cluster.store.finish_request("quick", RequestStatus.FINISHED, FinishReason.LENGTH.name)
     assert not _held(cluster, "quick")
+
+
+async def test_a_release_that_found_no_record_ends_the_keys_its_worker_writes_again(
+    clusters: Make,
+) -> None:
+    """The store restarted empty while the request ran: its client gets the end before the
+    worker has written the record again (with every token and its end). Released then, the
+    record would keep its keys the undelivered retention."""
+    cluster = clusters(workers=1, adoption=True)
+    relay = cluster.submit(make_request("restarted", max_tokens=4))
+    stream = await cluster.worker(0).next_stream()
+    stream.emit(0, 4, FinishReason.LENGTH)
+    assert tokens_of(await read_all(relay)) == list(token_ids(0, 4))
+    await asyncio.sleep(0.2)  # the release found no record, maybe more than once
+    _left_behind(cluster, "restarted", 4, owner="w0")  # the worker reached the store again
+    cluster.store.finish_request("restarted", RequestStatus.FINISHED, FinishReason.LENGTH.name)
+    assert _held(cluster, "restarted"), "finished, not released yet"
+    await wait_until_async(lambda: not _held(cluster, "restarted"), "its keys released")
+
+
+async def test_a_stopping_coordinator_does_not_wait_out_a_release_retry(clusters: Make) -> None:
+    """A release still waiting for its record gives up when the coordinator stops, rather
+    than holding the stop for its whole retry window."""
+    cluster = clusters(workers=1, adoption=True)
+    relay = cluster.submit(make_request("no-record", max_tokens=4))
+    stream = await cluster.worker(0).next_stream()
+    stream.emit(0, 4, FinishReason.LENGTH)
+    assert tokens_of(await read_all(relay)) == list(token_ids(0, 4))
+    await asyncio.sleep(0.1)  # the release found no record and waits to try again
+    window = RELEASE_RETRY_SECONDS[1]
+    await asyncio.wait_for(cluster.dispatcher.stop(), timeout=window / 2)
 
 
 async def test_a_stopping_coordinator_lets_go_of_its_workers_streams(clusters: Make) -> None:
