@@ -24,7 +24,7 @@ import asyncio
 import dataclasses
 import enum
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -59,8 +59,8 @@ class Takeover:
 
 
 class FailoverPolicy:
-    """``take_over`` returns the new source for ``request``, whose first ``delivered_tokens``
-    output tokens the client already has; it raises RequestLost when the request cannot go
+    """``take_over`` returns the new source for ``request``, whose output tokens
+    ``delivered`` the client already has; it raises RequestLost when the request cannot go
     on. It may call the broken worker (best effort) but never releases ``lost``: the relay
     does. ``attempt`` counts interruptions of this request, from 1."""
 
@@ -111,7 +111,7 @@ class FailoverPolicy:
     async def take_over(
         self,
         request: GenerationRequest,
-        delivered_tokens: int,
+        delivered: Sequence[int],
         lost: Lease,
         why: Interruption,
         attempt: int,
@@ -126,14 +126,14 @@ class FailRequest(FailoverPolicy, name="fail"):
     async def take_over(
         self,
         request: GenerationRequest,
-        delivered_tokens: int,
+        delivered: Sequence[int],
         lost: Lease,
         why: Interruption,
         attempt: int,
     ) -> Takeover:
         raise RequestLost(
             f"worker {why.worker_id} failed ({why.kind.value}: {why.detail}) after "
-            f"{delivered_tokens} tokens, and this coordinator does not fail over "
+            f"{len(delivered)} tokens, and this coordinator does not fail over "
             "(--failover-policy fail)"
         )
 
@@ -145,14 +145,14 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
     async def take_over(
         self,
         request: GenerationRequest,
-        delivered_tokens: int,
+        delivered: Sequence[int],
         lost: Lease,
         why: Interruption,
         attempt: int,
     ) -> Takeover:
         if why.kind == InterruptionKind.NOTICE:
             # Any number of noticed preemptions: each is planned, none counts as a failure.
-            return await self._migrate(request, delivered_tokens, lost)
+            return await self._migrate(request, delivered, lost)
         if attempt > self.MAX_ATTEMPTS:
             raise RequestLost(f"gave up after {self.MAX_ATTEMPTS} failovers: {why.detail}")
         # A source that died mid-handshake: its staged target recovers it.
@@ -167,12 +167,12 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
             why.kind.value,
             why.worker_id,
             lease.entry.worker_id,
-            delivered_tokens,
+            len(delivered),
         )
-        return Takeover(lease, _resume_or_start(lease, request, delivered_tokens))
+        return Takeover(lease, _resume_or_start(lease, request, delivered))
 
     async def _migrate(
-        self, request: GenerationRequest, delivered_tokens: int, source: Lease
+        self, request: GenerationRequest, delivered: Sequence[int], source: Lease
     ) -> Takeover:
         """The source paused the request on a notice: once the store holds all of it, the
         next worker resumes it (MIGRATED, nothing recomputed). Without a complete flush
@@ -197,10 +197,10 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
             request.request_id,
             source.entry.worker_id,
             lease.entry.worker_id,
-            delivered_tokens,
+            len(delivered),
             "staged" if staged else "not staged",
         )
-        return Takeover(lease, _resume_or_start(lease, request, delivered_tokens))
+        return Takeover(lease, _resume_or_start(lease, request, delivered))
 
     def _prepared(self, request_id: str) -> Lease | None:
         return self._migrations.take_prepared(request_id) if self._migrations else None
@@ -211,19 +211,21 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
 
 
 async def _resume_or_start(
-    lease: Lease, request: GenerationRequest, delivered_tokens: int
+    lease: Lease, request: GenerationRequest, delivered: Sequence[int]
 ) -> AsyncIterator[TokenChunk]:
-    """Worker.Resume; when the store has no record and the client has no token yet (the lost
-    worker never started the request), a plain Generate on the new worker instead."""
+    """Worker.Resume from prompt + the client's tokens (``delivered``: with sampling, the
+    store's copy may lag them, and the continuation must follow what the client saw); when
+    the store has no record and the client has no token yet (the lost worker never started
+    the request), a plain Generate on the new worker instead."""
     client = lease.entry.client
     try:
-        async for chunk in client.resume(request.request_id, delivered_tokens):
+        async for chunk in client.resume(request.request_id, len(delivered), delivered):
             yield chunk
         return
     except NothingPersisted:
-        if delivered_tokens:
+        if delivered:
             raise RequestLost(
-                f"request {request.request_id}: {delivered_tokens} tokens were delivered but "
+                f"request {request.request_id}: {len(delivered)} tokens were delivered but "
                 "the store holds no record of it (its worker ran without --redis-url?)"
             ) from None
     log.warning("request %s: nothing persisted; starting it afresh", request.request_id)
@@ -245,7 +247,7 @@ class RerouteFromScratch(FailoverPolicy, name="reroute"):
     async def take_over(
         self,
         request: GenerationRequest,
-        delivered_tokens: int,
+        delivered: Sequence[int],
         lost: Lease,
         why: Interruption,
         attempt: int,
@@ -267,9 +269,7 @@ class RerouteFromScratch(FailoverPolicy, name="reroute"):
             why.worker_id,
             lease.entry.worker_id,
         )
-        return Takeover(
-            lease, _restart(lease, restarted, request.request_id, delivered_tokens, why)
-        )
+        return Takeover(lease, _restart(lease, restarted, request.request_id, len(delivered), why))
 
 
 async def _forget_in(store: RequestStore, request_id: str) -> None:

@@ -225,7 +225,7 @@ class Relay:
                 if why.kind == InterruptionKind.STREAM_BROKEN:
                     self._admission.suspect(lease.entry)
                 takeover = await self._failover.take_over(
-                    self.request, self.delivered_tokens, lease, why, self.interruptions
+                    self.request, tuple(self.token_ids), lease, why, self.interruptions
                 )
                 lease.release()
                 lease = takeover.lease

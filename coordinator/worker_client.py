@@ -8,7 +8,7 @@ request itself (INVALID_ARGUMENT) becomes `InvalidRequest` for the client.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import grpc
@@ -50,8 +50,11 @@ class WorkerEndpoint(Protocol):
         request itself InvalidRequest."""
         ...
 
-    def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
-        """The rest of a persisted request from ``from_index``; NothingPersisted when the
+    def resume(
+        self, request_id: str, from_index: int, delivered: Sequence[int] = ()
+    ) -> AsyncIterator[TokenChunk]:
+        """The rest of a persisted request from ``from_index``, continued from prompt +
+        ``delivered`` (the tokens the client has) when given; NothingPersisted when the
         store holds no record of it."""
         ...
 
@@ -91,10 +94,15 @@ class WorkerClient:
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
         return self._follow(self._stub.Generate(request_to_proto(request)))
 
-    def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
-        """Worker.Resume: the rest of a request from its persisted state, from ``from_index``.
-        Raises NothingPersisted when the store holds no record of it."""
-        msg = worker_pb2.ResumeRequest(request_id=request_id, from_index=from_index)
+    def resume(
+        self, request_id: str, from_index: int, delivered: Sequence[int] = ()
+    ) -> AsyncIterator[TokenChunk]:
+        """Worker.Resume: the rest of a request from its persisted state, from ``from_index``,
+        continued from prompt + ``delivered`` (the client's tokens) when given. Raises
+        NothingPersisted when the store holds no record of it."""
+        msg = worker_pb2.ResumeRequest(
+            request_id=request_id, from_index=from_index, delivered_token_ids=delivered
+        )
         return self._follow(self._stub.Resume(msg), resuming=True)
 
     async def _follow(

@@ -61,6 +61,9 @@ UNLINKED_BLOCKS_KEEP_SECONDS = 60.0
 # First output index of the request in the engine (0, or the committed length on a resume):
 # the connector commits a paused request's tokens at their true indices.
 KV_PARAM_FIRST_INDEX = "spotinfer_first_index"
+# SamplingParams.extra_args key: how many sampling draws a resumed seeded request's generator
+# skips (worker.seed_continuation), its output index at the resume.
+SEED_DRAWS_ARG = "spotinfer_seed_draws"
 # Marks a migration target's warm-up request: it loads the staged blocks into vLLM's prefix
 # cache (see Engine.prefetch) and must neither save nor commit anything.
 KV_PARAM_WARM = "spotinfer_warm"

@@ -118,6 +118,7 @@ class Engine:
         except BaseException as exc:
             self._start_error = exc
             raise
+        await self._continue_seeds()
         shape = ctx.shape = self._builder.read_shape(ctx.llm)
         ctx.limits = Limits(
             max_model_len=shape.max_model_len,
@@ -139,6 +140,17 @@ class Engine:
                 on_commit=self._metrics.observe_commit if self._metrics is not None else None,
             )
             ctx.committer.start()
+
+    async def _continue_seeds(self) -> None:
+        """Every rank's model runner advances a resumed seeded request's generator past the
+        draws its earlier tokens took (worker/seed_continuation.py)."""
+        try:
+            answers = await self._ctx.llm.collective_rpc("spot_continue_seeds")
+        except Exception as exc:  # another vLLM (--allow-other-vllm) may lack the hook
+            log.warning("seeded requests restart their random sequence on a resume: %s", exc)
+            return
+        if not all(answers):
+            log.warning("seeded requests restart their random sequence on a resume")
 
     def planned_kv_and_seqs(self) -> tuple[int, int]:
         """KV bytes and max_num_seqs: explicit values, or the memory planner's when
@@ -185,10 +197,13 @@ class Engine:
         it stays paused and resumable (Worker.Resume), as after a notice."""
         return self._streams.generate(request)
 
-    def resume(self, request_id: str, from_index: int) -> AsyncGenerator[TokenChunk, None]:
-        """Continues a request from the store, streaming every token from ``from_index`` on
-        (see `Resumption.resume`). Raises RecordNotFound or CannotResume."""
-        return self._resumption.resume(request_id, from_index)
+    def resume(
+        self, request_id: str, from_index: int, delivered: tuple[int, ...] = ()
+    ) -> AsyncGenerator[TokenChunk, None]:
+        """Continues a request from the store, streaming every token from ``from_index`` on,
+        from prompt + ``delivered`` when the caller knows what its client has (see
+        `Resumption.resume`). Raises RecordNotFound, CannotResume or InvalidRequest."""
+        return self._resumption.resume(request_id, from_index, delivered)
 
     async def abort(self, request_id: str) -> None:
         await self._streams.abort(request_id)

@@ -12,6 +12,7 @@ from worker.config import WorkerConfig, engine_environment
 from worker.engine_stats import EngineStats
 from worker.kv_staging import StagingArea
 from worker.model_fingerprint import model_fingerprint
+from worker.seed_continuation import SEED_CONTINUATION_CLASS
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class EngineBuilder:
             # The real batch of each step (prefills + decodes) for the batch-size histogram.
             enable_logging_iteration_details=True,
             kv_transfer_config=self._kv_transfer_config(fingerprint),
+            # A resumed seeded request's generator skips its earlier draws (collective_rpc
+            # spot_continue_seeds, once the engine runs).
+            worker_extension_cls=SEED_CONTINUATION_CLASS,
         )
         llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.logger_factory()])
         return llm, fingerprint

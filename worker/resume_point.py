@@ -3,10 +3,16 @@
 record (prompt, sampling, fingerprint) + committed tokens [0, n)
     ──▶ engine prompt = prompt + committed, max_tokens = max_tokens - n,
         output indices continue at n
+
+A token reaches the client before Redis confirms it, so after an abrupt loss the client may
+hold more tokens than the store: the caller's delivered tokens then extend the committed ones
+(`ResumePoint.continued_from`), and the context is the one the client saw.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.requests import Sampling
@@ -22,6 +28,30 @@ class ResumePoint:
 
     record: RequestRecord
     committed_token_ids: tuple[int, ...]
+    # How many of committed_token_ids the store holds; the rest came from the client.
+    stored_tokens: int | None = None
+
+    def continued_from(self, delivered: Sequence[int]) -> ResumePoint:
+        """This point as the client saw it: the client's ``delivered`` tokens, where they
+        go past what the store holds, extend the committed ones (the continuation follows
+        the history the client has). Tokens the store holds past them stay: they were
+        sampled after the same history and are replayed. Raises CannotResume when the two
+        disagree on a token (the store no longer matches what its worker sent)."""
+        stored = self.committed_token_ids
+        if not delivered or self.record.status.is_terminal:
+            return self
+        shared = min(len(delivered), len(stored))
+        differ = next((i for i in range(shared) if delivered[i] != stored[i]), None)
+        if differ is not None:
+            raise CannotResume(
+                f"request {self.record.request_id!r}: the store's token {differ} "
+                f"({stored[differ]}) is not the one its client received ({delivered[differ]})"
+            )
+        if len(delivered) <= len(stored):
+            return self
+        return dataclasses.replace(
+            self, committed_token_ids=tuple(delivered), stored_tokens=len(stored)
+        )
 
     @property
     def sampling(self) -> Sampling:

@@ -36,7 +36,7 @@ from worker.constants import (
     WARM_TIMEOUT_SECONDS,
 )
 from worker.engine_context import EngineContext
-from worker.errors import CannotResume, EngineNotReady, WorkerDraining
+from worker.errors import CannotResume, EngineNotReady, InvalidRequest, WorkerDraining
 from worker.prefetch import PrefetchOutcome, prefetch_stage
 from worker.resume_point import ResumePoint, read_resume_point
 from worker.streams import RequestStreams, sla_class_named
@@ -51,13 +51,23 @@ class Resumption:
         self._ctx = context
         self._streams = streams
 
-    async def resume(self, request_id: str, from_index: int) -> AsyncGenerator[TokenChunk, None]:
+    async def resume(
+        self, request_id: str, from_index: int, delivered: tuple[int, ...] = ()
+    ) -> AsyncGenerator[TokenChunk, None]:
         """Continues a request from the store, streaming every token from ``from_index`` on:
         first the committed ones the client lacks (at once, from the store), then, once the
         engine has taken the request, a MIGRATED or RECOVERED event (how many prefill tokens
-        were loaded and how many recomputed) and the new tokens, indices continuing. Raises
-        RecordNotFound or CannotResume. A run of the request still going on here (its old
-        caller gone unseen) is paused first (`RequestStreams.take_over`)."""
+        were loaded and how many recomputed) and the new tokens, indices continuing.
+        ``delivered``, when given, are the client's tokens [0, from_index): the context is
+        prompt + those, also where the store holds fewer (`ResumePoint.continued_from`).
+        Raises RecordNotFound, CannotResume or InvalidRequest. A run of the request still
+        going on here (its old caller gone unseen) is paused first
+        (`RequestStreams.take_over`)."""
+        if delivered and len(delivered) != from_index:
+            raise InvalidRequest(
+                f"delivered_token_ids holds {len(delivered)} tokens but from_index is "
+                f"{from_index}: they are the client's tokens before it"
+            )
         await self._streams.take_over(request_id, TAKE_OVER_WAIT_SECONDS)
         self._streams.check_admission(request_id)
         if self._ctx.store is None or self._ctx.committer is None:
@@ -65,6 +75,7 @@ class Resumption:
         point = await asyncio.to_thread(
             read_resume_point, self._ctx.store, request_id, self._ctx.fingerprint
         )
+        point = point.continued_from(delivered)
         if point.record.status is RequestStatus.FINISHED:
             # It ended before its caller got the end (that caller died, or its stream broke
             # after the last step): what the client lacks, from the store, and the end.
@@ -81,7 +92,7 @@ class Resumption:
         )
         if point.remaining_tokens == 0:
             # The old worker produced every token but died before it could say so.
-            self._ctx.committer.admit(point.record, point.committed_token_ids)
+            self._ctx.committer.admit(point.record, point.committed_token_ids, point.stored_tokens)
             self._ctx.committer.finish(request_id, RequestStatus.FINISHED, FinishReason.LENGTH.name)
             yield self._recovered_chunk(point, from_index, len(point.engine_prompt), 0)
             yield TokenChunk(
@@ -93,7 +104,7 @@ class Resumption:
             )
             return
         self._streams.validate(request)
-        self._ctx.committer.admit(point.record, point.committed_token_ids)
+        self._ctx.committer.admit(point.record, point.committed_token_ids, point.stored_tokens)
         staging = self._ctx.staging
         # A sharded worker stages one value per rank of every block (prefetch.py).
         ranks = self._ctx.config.tensor_parallel_size
@@ -173,6 +184,11 @@ class Resumption:
         )
         if staged_blocks:
             detail += f"; {staged_blocks} blocks prefetched before the pause"
+        if point.stored_tokens is not None:
+            detail += (
+                f"; continued from the {point.next_index} tokens its client received "
+                f"(the store held {point.stored_tokens})"
+            )
         stats = self._ctx.stats
         refused = stats.take_mac_rejected(point.record.request_id) if stats is not None else 0
         if refused:

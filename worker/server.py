@@ -119,7 +119,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             check_request_id(request.request_id)
             async with contextlib.aclosing(
-                self._engine.resume(request.request_id, request.from_index)
+                self._engine.resume(
+                    request.request_id, request.from_index, tuple(request.delivered_token_ids)
+                )
             ) as chunks:
                 async for chunk in chunks:
                     timer.see(chunk)

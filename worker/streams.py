@@ -31,7 +31,12 @@ from common.requests import (
 from common.validation import check_priority, check_prompt_tokens, check_sampling
 from store import RequestRecord, RequestStatus
 from store.request_record import sampling_to_record
-from worker.constants import KV_PARAM_REQUEST_ID, KV_PARAM_TENANT, PAUSED_DETAIL
+from worker.constants import (
+    KV_PARAM_REQUEST_ID,
+    KV_PARAM_TENANT,
+    PAUSED_DETAIL,
+    SEED_DRAWS_ARG,
+)
 from worker.engine_context import EngineContext
 from worker.errors import (
     DuplicateRequest,
@@ -163,7 +168,7 @@ class RequestStreams:
         try:
             outputs = self._ctx.llm.generate(
                 self.prompt(request_id, request.prompt_token_ids, request.tenant),
-                self.sampling_params(request, kv_params),
+                self.sampling_params(request, kv_params, start_index),
                 request_id=request_id,
                 priority=self.engine_priority(request),
             )
@@ -277,13 +282,22 @@ class RequestStreams:
             worker_id=worker_id,
         )
 
-    def sampling_params(self, request: GenerationRequest, kv_params: dict[str, Any]) -> Any:
+    def sampling_params(
+        self, request: GenerationRequest, kv_params: dict[str, Any], start_index: int = 0
+    ) -> Any:
+        """vLLM's parameters for ``request``, whose output continues at ``start_index``."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         sampling = request.sampling
+        extra_args: dict[str, Any] = {}
         if kv_params:  # the connector names the request's blocks by its tenant's chain
-            kv_params = {**kv_params, KV_PARAM_TENANT: request.tenant}
+            # vLLM suffixes its request ids; the connector finds ours here.
+            extra_args["kv_transfer_params"] = {**kv_params, KV_PARAM_TENANT: request.tenant}
+        if sampling.seed is not None and start_index:
+            # A seeded request resumed at output index n: its generator skips the n draws
+            # its first n tokens took, so the sequence goes on as if never interrupted.
+            extra_args[SEED_DRAWS_ARG] = start_index
         return SamplingParams(
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
@@ -294,8 +308,7 @@ class RequestStreams:
             ignore_eos=sampling.ignore_eos,
             logprobs=sampling.logprobs,
             output_kind=RequestOutputKind.DELTA,
-            # vLLM suffixes its request ids; the connector finds ours here.
-            extra_args={"kv_transfer_params": kv_params} if kv_params else None,
+            extra_args=extra_args or None,
         )
 
     async def take_over(self, request_id: str, timeout_seconds: float) -> None:

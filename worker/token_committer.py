@@ -122,16 +122,20 @@ class TokenCommitter:
 
     # -- called by the engine's streams (memory only) -------------------------------------
 
-    def admit(self, record: RequestRecord, committed: Sequence[int] = ()) -> None:
+    def admit(
+        self, record: RequestRecord, committed: Sequence[int] = (), stored: int | None = None
+    ) -> None:
         """Start persisting a request. With ``committed`` tokens it is a resumed one: Redis
-        holds its record and those tokens already, and ownership moves to this worker."""
+        holds its record and the first ``stored`` of those tokens already (all of them when
+        None; the rest, which its client received, are written first), and ownership moves
+        to this worker."""
         superseded = self._settled.pop(record.request_id, None)
         if superseded is not None:  # an earlier run's writes no longer matter
             superseded.set()
         self._pending[record.request_id] = _Pending(
             record=record,
             token_ids=list(committed),
-            committed_length=len(committed),
+            committed_length=len(committed) if stored is None else stored,
             resumed=bool(committed),
         )
         self._wake.set()

@@ -40,12 +40,14 @@ def token_ids(start: int, end: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class Call:
     """One call a fake received: ``what`` (generate, resume, abort, prefetch, drop_prefetch,
-    drain, flush), on ``address``, for ``request_id``; ``index`` is Resume's from_index."""
+    drain, flush), on ``address``, for ``request_id``; ``index`` is Resume's from_index and
+    ``delivered`` the client's tokens it carried (left out of comparisons)."""
 
     address: str
     what: str
     request_id: str = ""
     index: int = 0
+    delivered: tuple[int, ...] = field(default=(), compare=False)
 
 
 _END = object()
@@ -167,8 +169,10 @@ class FakeWorker:
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
         return self._open(Call(self.address, "generate", request.request_id)).chunks()
 
-    def resume(self, request_id: str, from_index: int) -> AsyncIterator[TokenChunk]:
-        stream = self._open(Call(self.address, "resume", request_id, from_index))
+    def resume(
+        self, request_id: str, from_index: int, delivered: Sequence[int] = ()
+    ) -> AsyncIterator[TokenChunk]:
+        stream = self._open(Call(self.address, "resume", request_id, from_index, tuple(delivered)))
         if self.persisted is not None and request_id not in self.persisted:
             stream.fail(NothingPersisted(f"worker {self.address}: no record of {request_id}"))
         return stream.chunks()

@@ -3,8 +3,10 @@
 isort:skip_file
 The internal service of one worker (one vLLM engine); only the coordinator calls it."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -135,18 +137,29 @@ class ResumeRequest(_message.Message):
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     FROM_INDEX_FIELD_NUMBER: _builtins.int
+    DELIVERED_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     from_index: _builtins.int
     """first index to stream; tokens before it are already delivered"""
+    @_builtins.property
+    def delivered_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The output tokens the client received, [0, from_index) (empty: not known, e.g. a request
+        adopted after a coordinator restart). The resume continues from prompt + these tokens,
+        not from what the store holds: a token reaches the client before Redis confirms it, and
+        with sampling a continuation from fewer tokens would follow another history. Tokens the
+        store holds past them (committed, never delivered) are replayed as they are.
+        """
+
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         from_index: _builtins.int = ...,
+        delivered_token_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_index", b"from_index", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivered_token_ids", b"delivered_token_ids", "from_index", b"from_index", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

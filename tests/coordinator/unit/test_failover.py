@@ -65,6 +65,8 @@ async def test_resume_continues_on_another_worker_from_the_first_undelivered_ind
     await _lose(cluster, cluster.worker(0))
     resumed = await cluster.worker(1).next_stream()
     assert (resumed.call.what, resumed.call.request_id, resumed.call.index) == ("resume", "r", 3)
+    # The resume continues from what the client has, whatever the store holds.
+    assert resumed.call.delivered == token_ids(0, 3)
     assert stream.closed, "the lost worker's stream is no longer read"
     resumed.emit(3, 10, FinishReason.LENGTH)
     chunks = await reader
