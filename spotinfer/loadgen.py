@@ -27,6 +27,16 @@ REATTACH_ATTEMPTS = 40  # broken streams picked up again, per request
 REATTACH_BACKOFF_SECONDS = 0.5
 
 
+class Sampling(str, enum.Enum):
+    GREEDY = "greedy"  # temperature 0: one right answer per request
+    SEEDED = "seeded"  # temperature 1, a seed per request: still one right answer
+
+
+# A seeded load's request i samples with this seed (a fixed offset keeps it off small seeds
+# a test may use by hand).
+SEED_BASE = 100_000
+
+
 class Arrival(str, enum.Enum):
     POISSON = "poisson"  # exponential gaps at the mean rate
     BURSTY = "bursty"  # groups of `burst_size` at once, groups at the mean rate / burst_size
@@ -45,6 +55,7 @@ class LoadSpec:
     vocab_low: int = 16  # prompt ids are drawn from [vocab_low, vocab_high)
     vocab_high: int = 256
     seed: int = 0
+    sampling: Sampling = Sampling.GREEDY
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -70,6 +81,8 @@ class PlannedRequest:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     sla_class: int
+    temperature: float = 0.0
+    sampling_seed: int | None = None  # None: vLLM's own randomness (or greedy)
 
 
 @dataclass(frozen=True)
@@ -157,9 +170,17 @@ def plan_requests(spec: LoadSpec, prefix: str = "load") -> list[PlannedRequest]:
                     if rng.random() < spec.batch_fraction
                     else common_pb2.SLA_CLASS_INTERACTIVE
                 ),
+                temperature=1.0 if spec.sampling is Sampling.SEEDED else 0.0,
+                sampling_seed=_sampling_seed(spec, i),
             )
         )
     return planned
+
+
+def _sampling_seed(spec: LoadSpec, i: int) -> int | None:
+    if spec.sampling is Sampling.SEEDED:
+        return SEED_BASE + spec.seed * 10_000 + i
+    return None
 
 
 def _arrival_offsets(spec: LoadSpec, rng: random.Random) -> list[float]:
@@ -263,7 +284,12 @@ async def _stream_one(
     message = common_pb2.GenerateRequest(
         request_id=request.request_id,
         prompt_token_ids=list(request.prompt_token_ids),
-        sampling=common_pb2.SamplingParams(max_tokens=request.max_tokens, ignore_eos=ignore_eos),
+        sampling=common_pb2.SamplingParams(
+            max_tokens=request.max_tokens,
+            ignore_eos=ignore_eos,
+            temperature=request.temperature,
+            seed=request.sampling_seed,
+        ),
         sla_class=request.sla_class,  # type: ignore[arg-type]
     )
     trace.sent_at = time.perf_counter()

@@ -13,6 +13,7 @@ from typing import Any
 from common.errors import UserError
 
 CLOUD_CHOICES = ("aws", "gcp", "azure")
+SAMPLING_CHOICES = ("greedy", "seeded")  # spotinfer.loadgen.Sampling (imported when run)
 
 
 def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +74,13 @@ def register(subparsers: Any) -> None:
         help="rolling: seconds after the load starts (default: once requests are mid-stream)",
     )
     drill.add_argument("--seed", type=int, default=0, help="the planned load's seed")
+    drill.add_argument(
+        "--sampling",
+        choices=SAMPLING_CHOICES,
+        default=SAMPLING_CHOICES[0],
+        help="greedy, or seeded: temperature 1 with a seed per request; either way each "
+        "output must equal an undisturbed run's",
+    )
     drill.add_argument("--trace", type=Path, default=None, help="trace: SpotServe-format file")
     drill.add_argument("--json", type=Path, default=None, help="write the report here")
     drill.add_argument("--png", type=Path, default=Path("drill-timeline.png"))
@@ -196,6 +204,7 @@ def run_drill_command(args: argparse.Namespace) -> int:
     from spotinfer.drills.report import verdict_table
     from spotinfer.drills.runner import DrillOptions, plan, run_drill
     from spotinfer.drills.scenarios import Scenario
+    from spotinfer.loadgen import Sampling
     from spotinfer.local.cluster import LocalCluster
 
     if args.scenario not in Scenario.registry:
@@ -232,6 +241,7 @@ def run_drill_command(args: argparse.Namespace) -> int:
         trace_file=args.trace,
         first_disturbance_seconds=args.first_notice,
         seed=args.seed,
+        sampling=Sampling(args.sampling),
     )
     args.standbys = standbys
     config = _config(

@@ -3,7 +3,8 @@ verdict on every invariant (see `spotinfer.drills.report`).
 
     load thread ──── requests stream through the coordinator ─────────────▶ traces
     scenario thread ───── wait mid-stream ── notice / kill / restart ──▶ cluster events
-    afterwards: reference outputs (the same requests on an undisturbed worker, greedy),
+    afterwards: reference outputs (the same requests on an undisturbed worker: greedy, or
+                seeded sampling with the same seeds),
                 leak check in Redis, report + timeline PNG
 """
 
@@ -19,7 +20,14 @@ from pathlib import Path
 from spotinfer.drills.report import DrillReport, build_report
 from spotinfer.drills.scenarios import DrillContext, scenario_named
 from spotinfer.drills.timeline import plot_timeline
-from spotinfer.loadgen import LoadSpec, PlannedRequest, RequestTrace, plan_requests, run_load
+from spotinfer.loadgen import (
+    LoadSpec,
+    PlannedRequest,
+    RequestTrace,
+    Sampling,
+    plan_requests,
+    run_load,
+)
 from worker.constants import DEFAULT_KV_CHUNK_TOKENS
 
 LEAK_WAIT_SECONDS = 20.0
@@ -46,6 +54,9 @@ class DrillOptions:
     seed: int = 0
     block_tokens: int = KV_CHUNK_TOKENS
     ignore_eos: bool = True  # fixed lengths for load; real answers stop at EOS
+    # greedy, or seeded: temperature 1 with a seed per request, checked like greedy output
+    # (a migration or a recovery must continue the same random sequence)
+    sampling: Sampling = Sampling.GREEDY
 
 
 @dataclass
@@ -66,6 +77,7 @@ def plan(options: DrillOptions, vocab_size: int, prefix: str = "") -> list[Plann
         output_tokens=options.output_tokens,
         vocab_high=vocab_size,
         seed=options.seed,
+        sampling=options.sampling,
     )
     return plan_requests(spec, prefix=prefix or f"drill-{options.scenario}-{int(time.time())}")
 
@@ -179,7 +191,8 @@ def run_drill(
 def reference_outputs(
     cluster: object, planned: Sequence[PlannedRequest], ignore_eos: bool = True
 ) -> dict[str, list[int]]:
-    """The same requests, greedy, on one undisturbed worker, straight through Worker.Generate."""
+    """The same requests (greedy, or with the same seeds) on one undisturbed worker,
+    straight through Worker.Generate."""
     from spotinfer.local.cluster import LocalCluster
 
     assert isinstance(cluster, LocalCluster)
@@ -196,6 +209,8 @@ def reference_outputs(
             prompt_token_ids=p.prompt_token_ids,
             max_tokens=p.max_tokens,
             sla_class=p.sla_class,
+            temperature=p.temperature,
+            sampling_seed=p.sampling_seed,
         )
         for p in planned
     ]

@@ -23,7 +23,7 @@ from spotinfer.drills.runner import (
     plan,
     run_drill,
 )
-from spotinfer.loadgen import RequestTrace
+from spotinfer.loadgen import RequestTrace, Sampling
 from spotinfer.local.cluster import ClusterConfig, LocalCluster
 
 TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "spotserve" / "As.jsonl"
@@ -181,10 +181,18 @@ def test_sigterm(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-un
 
 
 def test_drain(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """An operator's Control.Drain moves the worker's requests as a notice does."""
+    """An operator's Control.Drain moves the worker's requests as a notice does. The load
+    samples (temperature 1, a seed per request): each migrated request goes on with the same
+    random sequence, so its output equals the undisturbed seeded run."""
     cluster = cluster_factory()
     outcome = _drill(
-        cluster, tmp_path, scenario="drain", requests=8, output_tokens=(600, 600), time_scale=0.05
+        cluster,
+        tmp_path,
+        scenario="drain",
+        requests=8,
+        output_tokens=(600, 600),
+        time_scale=0.05,
+        sampling=Sampling.SEEDED,
     )
     _assert_invariants(outcome, zero_recompute=True)
     (drained,) = [e.target for e in cluster.events if e.kind == "drain"]
@@ -224,7 +232,16 @@ def test_abrupt(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-unt
     cluster = cluster_factory()
     # The kill lands half a KV chunk past the requests' first 256-token chunk (352 new
     # tokens for the drill's 32-96-token prompts), with room for a request that runs ahead.
-    outcome = _drill(cluster, tmp_path, scenario="abrupt", requests=8, output_tokens=(700, 700))
+    # Seeded sampling: each recovery continues from the tokens its client received and
+    # with the same random sequence, so its output equals the undisturbed seeded run.
+    outcome = _drill(
+        cluster,
+        tmp_path,
+        scenario="abrupt",
+        requests=8,
+        output_tokens=(700, 700),
+        sampling=Sampling.SEEDED,
+    )
     _assert_invariants(outcome, zero_recompute=False)
     assert outcome.report.recoveries == 8
     assert outcome.report.recompute_bound_violations == 0

@@ -11,6 +11,7 @@ from spotinfer.loadgen import (
     Arrival,
     LoadSpec,
     RequestTrace,
+    Sampling,
     _record,
     goodput,
     percentile,
@@ -26,6 +27,17 @@ def test_plan_is_deterministic_and_within_ranges() -> None:
     assert len({r.request_id for r in first}) == 50
     assert all(8 <= len(r.prompt_token_ids) <= 16 and 4 <= r.max_tokens <= 9 for r in first)
     assert plan_requests(LoadSpec(num_requests=50, rate_per_second=5, seed=1)) != first
+
+
+def test_a_seeded_load_samples_with_a_seed_of_its_own_per_request() -> None:
+    greedy = plan_requests(LoadSpec(num_requests=4, rate_per_second=0))
+    assert {(r.temperature, r.sampling_seed) for r in greedy} == {(0.0, None)}
+    seeded = plan_requests(LoadSpec(num_requests=4, rate_per_second=0, sampling=Sampling.SEEDED))
+    assert {r.temperature for r in seeded} == {1.0}
+    assert len({r.sampling_seed for r in seeded}) == 4 and None not in {
+        r.sampling_seed for r in seeded
+    }
+    assert [r.prompt_token_ids for r in seeded] == [r.prompt_token_ids for r in greedy]
 
 
 def test_poisson_gaps_average_one_over_the_rate() -> None:
