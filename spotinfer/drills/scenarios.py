@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from spotinfer.drills.trace_scale import TraceScale
 from spotinfer.loadgen import RequestTrace
 
 MID_STREAM_TOKENS = 24  # a request "is mid-stream" once it has this many tokens
@@ -282,42 +283,41 @@ class Storm(Scenario, name="storm"):
 
 
 class Trace(Scenario, name="trace"):
-    """Replays a spot availability trace (SpotServe's format): `remove` is a notice with the
-    grace period scaled like time, `add` a node joining as a standby."""
+    """Replays a spot availability trace (SpotServe's format) mapped onto the cluster by
+    fraction (`TraceScale`): `remove` notices the same share of the serving nodes, with the
+    grace period scaled like time; `add` boots nodes as standbys up to the scaled fleet
+    size. The report's notes say how each wave mapped."""
 
     expect_zero_recompute = True
 
     def disturb(self, ctx: DrillContext) -> None:
         if ctx.trace_file is None:
             raise ValueError("the trace scenario needs --trace FILE")
-        known: dict[str, str] = {}  # trace node name → cluster node name
-        first_add = True
-        for when_ms, action, payload in read_trace(ctx.trace_file):
-            if not ctx.wait_until(when_ms / 1000 * ctx.time_scale) or action == "DONE":
-                return
-            if action == "add" and first_add:
-                # The cluster's initial nodes stand for the trace's first nodes.
-                for trace_name, node in zip(payload["nodes"], ctx.cluster.nodes, strict=False):
-                    known[trace_name] = node
-                first_add = False
-            elif action == "add":
-                # New VMs boot in the background; the trace's clock does not wait for them.
-                for trace_name in payload["nodes"]:
-                    ctx.in_background(_join, ctx, known, trace_name)
-            elif action == "remove":
-                # A removed trace node we map preempts its node; one we don't (the trace has
-                # more nodes than this cluster) preempts another serving node instead, so
-                # every removal in the trace is a real preemption here.
-                chosen: list[str] = []
-                for trace_name in payload["nodes"]:
-                    serving = [n.name for n in ctx.cluster.active_nodes() if n.name not in chosen]
-                    mapped = known.get(trace_name)
-                    if mapped is not None and mapped in serving:
-                        chosen.append(mapped)
-                    elif serving:
-                        chosen.append(serving[0])
-                if chosen:
-                    ctx.preempt_then_terminate(chosen)
+        scale: TraceScale | None = None
+        try:
+            for when_ms, action, payload in read_trace(ctx.trace_file):
+                at = when_ms / 1000
+                if not ctx.wait_until(at * ctx.time_scale) or action == "DONE":
+                    return
+                names = payload["nodes"]
+                if scale is None:
+                    if action != "add":
+                        raise ValueError(f"the trace starts with {action!r}, not with its fleet")
+                    # The cluster's initial nodes stand for the trace's first wave.
+                    scale = TraceScale.first_wave(names, len(ctx.cluster.active_nodes()))
+                elif action == "add":
+                    # New VMs boot in the background; the trace's clock does not wait.
+                    for _ in range(scale.add(names, at)):
+                        ctx.in_background(ctx.cluster.add_standby)
+                elif action == "remove":
+                    serving = [n.name for n in ctx.cluster.active_nodes()]
+                    taken = scale.remove(names, len(serving), at)
+                    if taken:
+                        # Active nodes first (active_nodes' order): the wave hits load.
+                        ctx.preempt_then_terminate(serving[:taken])
+        finally:
+            if scale is not None:
+                ctx.notes.extend(scale.notes)
 
 
 def read_trace(path: Path) -> list[tuple[int, str, dict[str, Any]]]:
@@ -333,9 +333,3 @@ def read_trace(path: Path) -> list[tuple[int, str, dict[str, Any]]]:
 def trace_span_seconds(path: Path) -> float:
     """Where the trace ends (its DONE, else its last entry), in trace seconds."""
     return max((when_ms for when_ms, _, _ in read_trace(path)), default=0) / 1000
-
-
-def _join(ctx: DrillContext, known: dict[str, str], trace_name: str) -> None:
-    node = ctx.cluster.add_standby()
-    if node is not None:  # None: the drill ended while it booted
-        known[trace_name] = node.name
