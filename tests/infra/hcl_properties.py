@@ -6,6 +6,9 @@ property holds. Tests run them on infra/terraform and on mutated copies, which m
 
 Values that are plain variable references (``${var.x}``) are resolved to the variable's
 default, which is what an operator gets without overrides.
+
+The on-demand fallback group (the resources named ``fallback``) is held to its own checks,
+not to the spot ones.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import hcl2
 from hcl2.utils import SerializationOptions
 
 OPEN_CIDRS = ("0.0.0.0/0", "::/0")
+FALLBACK = "fallback"
 _VAR_REFERENCE = re.compile(r"^\$\{var\.([A-Za-z0-9_]+)\}$")
+_COUNT_IF_POSITIVE = re.compile(r"^\$\{var\.([A-Za-z0-9_]+) > 0 \? 1 : 0\}$")
 _OPTIONS = SerializationOptions(
     with_comments=False, explicit_blocks=False, strip_string_quotes=True
 )
@@ -85,6 +90,25 @@ def _one(body: dict[str, Any], name: str) -> dict[str, Any]:
     return blocks[0] if blocks else {}
 
 
+def count_when(body: dict[str, Any], variable: str, value: int) -> int | None:
+    """How many of the resource exist when ``variable`` is ``value``; None if its count is not
+    ``var.<variable> > 0 ? 1 : 0`` (the one optional-resource shape these modules use)."""
+    match = _COUNT_IF_POSITIVE.match(str(body.get("count", "")))
+    if not match or match.group(1) != variable:
+        return None
+    return 1 if value > 0 else 0
+
+
+def _check_fallback_count(module: TerraformModule, where: str, body: dict[str, Any]) -> list[str]:
+    violations = []
+    default = module.variables.get("fallback_max_count", {}).get("default")
+    if default != 0:
+        violations.append(f"fallback_max_count defaults to {default!r}, not 0 (no group)")
+    if count_when(body, "fallback_max_count", 0) != 0:
+        violations.append(f"{where} is not created only when fallback_max_count > 0")
+    return violations
+
+
 # ---- AWS ------------------------------------------------------------------------------------
 
 
@@ -94,7 +118,7 @@ def check_aws_spot_fleet(module: TerraformModule) -> list[str]:
     groups = {
         name: body
         for name, body in module.of_type("aws_autoscaling_group").items()
-        if _blocks(body, "mixed_instances_policy")
+        if _blocks(body, "mixed_instances_policy") and name != FALLBACK
     }
     if not groups:
         return ["no Auto Scaling group with a mixed instances policy"]
@@ -132,6 +156,42 @@ def _override_instance_types(module: TerraformModule, launch_template: dict[str,
         if isinstance(resolved, list):
             types.extend(str(item) for item in resolved)
     return types
+
+
+def check_aws_fallback_group(module: TerraformModule) -> list[str]:
+    """The optional fallback group: only when fallback_max_count > 0, all on demand, empty at
+    first, the workers' launch template (whose boot registers an on-demand VM without
+    --spot), subnets and drain hook, and a tier tag that tells it from the spot group."""
+    groups = module.of_type("aws_autoscaling_group")
+    if FALLBACK not in groups:
+        return [f"no aws_autoscaling_group.{FALLBACK}"]
+    body, spot = groups[FALLBACK], groups.get("worker", {})
+    where = f"aws_autoscaling_group.{FALLBACK}"
+    violations = _check_fallback_count(module, where, body)
+    policy = _one(body, "mixed_instances_policy")
+    distribution = _one(policy, "instances_distribution")
+    on_demand = module.resolve(distribution.get("on_demand_percentage_above_base_capacity"))
+    if on_demand != 100:
+        violations.append(f"{where}: {on_demand}% on demand above the base, not all of it")
+    if module.resolve(body.get("min_size")) != 0 or module.resolve(body.get("desired_capacity")):
+        violations.append(f"{where}: does not start at 0 workers")
+    if body.get("max_size") != "${var.fallback_max_count}":
+        violations.append(f"{where}: max_size is not var.fallback_max_count")
+    template = _one(_one(policy, "launch_template"), "launch_template_specification")
+    if template.get("launch_template_id") != "${aws_launch_template.worker.id}":
+        violations.append(f"{where}: not the workers' launch template (and boot)")
+    if body.get("vpc_zone_identifier") != spot.get("vpc_zone_identifier"):
+        violations.append(f"{where}: not the spot workers' subnets")
+    if bool(_blocks(body, "initial_lifecycle_hook")) != bool(
+        _blocks(spot, "initial_lifecycle_hook")
+    ):
+        violations.append(f"{where}: no drain lifecycle hook like the spot group's")
+    tags = str((_dynamic(body, "tag") or {}).get("for_each", ""))
+    if "(local.tier_tag_key) = local.fallback_tier" not in tags:
+        violations.append(f"{where}: no tier tag (the adapter finds the group by it)")
+    if "desired_capacity" not in _one(body, "lifecycle").get("ignore_changes", []):
+        violations.append(f"{where}: Terraform would undo the adapter's desired capacity")
+    return violations
 
 
 def check_aws_imdsv2(module: TerraformModule) -> list[str]:
@@ -193,7 +253,11 @@ def check_aws_fis_spot_drill(module: TerraformModule, fleet_tag_key: str) -> lis
 
 def check_gcp_spot_template(module: TerraformModule, minimum_notice_seconds: int) -> list[str]:
     """Workers' template: SPOT, a termination action, and the longer preemption notice."""
-    templates = module.of_type("google_compute_instance_template")
+    templates = {
+        name: body
+        for name, body in module.of_type("google_compute_instance_template").items()
+        if name != FALLBACK
+    }
     if not templates:
         return ["no instance template"]
     violations = []
@@ -215,6 +279,39 @@ def check_gcp_spot_template(module: TerraformModule, minimum_notice_seconds: int
         for interface in body.get("network_interface", []):
             if _blocks(interface, "access_config"):
                 violations.append(f"{where}: workers get a public IP")
+    return violations
+
+
+def check_gcp_fallback_group(module: TerraformModule) -> list[str]:
+    """The optional fallback group: only when fallback_max_count > 0, STANDARD VMs (not
+    preemptible), empty at first, the workers' startup script (which registers a
+    non-preemptible VM without --spot) and a tier label."""
+    templates = module.of_type("google_compute_instance_template")
+    managers = module.of_type("google_compute_region_instance_group_manager")
+    if FALLBACK not in templates or FALLBACK not in managers:
+        return [f"no google_compute_instance_template.{FALLBACK} and group manager"]
+    template, manager = templates[FALLBACK], managers[FALLBACK]
+    where = f"google_compute_instance_template.{FALLBACK}"
+    group_where = f"google_compute_region_instance_group_manager.{FALLBACK}"
+    violations = _check_fallback_count(module, where, template)
+    violations += _check_fallback_count(module, group_where, manager)
+    scheduling = _one(template, "scheduling")
+    if module.resolve(scheduling.get("provisioning_model")) != "STANDARD":
+        violations.append(f"{where}: provisioning model is not STANDARD")
+    if module.resolve(scheduling.get("preemptible")) is not False:
+        violations.append(f"{where}: VMs are preemptible")
+    spot_metadata = templates.get("worker", {}).get("metadata", {})
+    if template.get("metadata", {}).get("startup-script") != spot_metadata.get("startup-script"):
+        violations.append(f"{where}: not the spot workers' boot script")
+    if "(local.tier_label_key) = local.fallback_tier" not in str(template.get("labels", "")):
+        violations.append(f"{where}: no tier label")
+    if module.resolve(manager.get("target_size")) != 0:
+        violations.append(f"{group_where}: does not start at 0 workers")
+    version = _one(manager, "version").get("instance_template", "")
+    if f"google_compute_instance_template.{FALLBACK}[0]" not in version:
+        violations.append(f"{group_where}: does not use the fallback template")
+    if "target_size" not in _one(manager, "lifecycle").get("ignore_changes", []):
+        violations.append(f"{group_where}: Terraform would undo the adapter's size")
     return violations
 
 

@@ -250,3 +250,32 @@ def test_install_script_is_valid_bash() -> None:
             ["shellcheck", "-S", "warning", str(script)], capture_output=True, text=True
         )
         assert lint.returncode == 0, lint.stdout
+
+
+# ---- the pool labels: one boot for spot and on-demand (fallback) VMs ------------------------
+
+# The lines that set $spot, and what the metadata answers on an on-demand / a spot VM.
+SPOT_DETECTION = {
+    "aws-boot.sh.tftpl": ("imds", "instance-life-cycle", "on-demand", "spot"),
+    "gcp-boot.sh.tftpl": ("metadata", "scheduling/preemptible", "FALSE", "TRUE"),
+}
+
+
+@pytest.mark.parametrize("template", sorted(SPOT_DETECTION))
+@pytest.mark.parametrize("on_spot", [False, True], ids=["on-demand", "spot"])
+def test_a_vm_is_marked_spot_only_when_its_metadata_says_so(template: str, on_spot: bool) -> None:
+    # The fallback groups reuse the spot workers' boot script: an on-demand VM must register
+    # without --spot (SPOTINFER_SPOT=false), which only the metadata answer can tell.
+    function, key, on_demand_answer, spot_answer = SPOT_DETECTION[template]
+    text = (BOOT_DIR / template).read_text()
+    lines = [line for line in text.splitlines() if re.match(r"(spot=|if .*then spot=)", line)]
+    assert lines == [
+        "spot=false",
+        f'if [ "$({function} {key})" = {spot_answer} ]; then spot=true; fi',
+    ]
+    answer = spot_answer if on_spot else on_demand_answer
+    stub = f'{function}() {{ [ "$1" = {key} ] && echo {answer}; }}'
+    script = "\n".join([stub, *lines, 'echo "$spot"'])
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == ("true" if on_spot else "false")
+    assert "SPOTINFER_SPOT=$spot\n" in text

@@ -27,6 +27,7 @@ LONG_NOTICE_SECONDS = 60  # anything above GCE's default 30 s counts as "the lon
 
 AWS_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
     "spot fleet": hcl.check_aws_spot_fleet,
+    "fallback group": hcl.check_aws_fallback_group,
     "imdsv2": hcl.check_aws_imdsv2,
     "redis tls auth": hcl.check_aws_redis_tls_auth,
     "no open ingress": hcl.check_no_open_ingress,
@@ -39,6 +40,7 @@ AWS_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
 
 GCP_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
     "spot template": lambda module: hcl.check_gcp_spot_template(module, LONG_NOTICE_SECONDS),
+    "fallback group": hcl.check_gcp_fallback_group,
     "redis tls auth": hcl.check_gcp_redis_tls_auth,
     "no open ingress": hcl.check_no_open_ingress,
     "client ranges guarded": lambda module: hcl.check_client_ranges_guarded(
@@ -83,6 +85,50 @@ def test_tag_and_label_keys_match_the_adapters() -> None:
     assert aws.locals["role_tag_key"] == constants.ROLE_TAG_KEY
     assert gcp.locals["fleet_label_key"] == constants.FLEET_LABEL_KEY
     assert gcp.locals["role_label_key"] == constants.ROLE_LABEL_KEY
+    assert aws.locals["tier_tag_key"] == constants.TIER_TAG_KEY
+    assert gcp.locals["tier_label_key"] == constants.TIER_LABEL_KEY
+    assert aws.locals["fallback_tier"] == gcp.locals["fallback_tier"] == constants.FALLBACK_TIER
+
+
+@pytest.mark.parametrize(
+    ("cloud", "resources"),
+    [
+        ("aws", [("aws_autoscaling_group", "fallback")]),
+        (
+            "gcp",
+            [
+                ("google_compute_instance_template", "fallback"),
+                ("google_compute_region_instance_group_manager", "fallback"),
+            ],
+        ),
+    ],
+)
+def test_the_fallback_group_exists_only_when_its_maximum_is_above_0(
+    cloud: str, resources: list[tuple[str, str]]
+) -> None:
+    module = hcl.load_module(TERRAFORM_DIR / cloud)
+    assert module.variables["fallback_max_count"]["default"] == 0
+    for resource_type, name in resources:
+        body = module.of_type(resource_type)[name]
+        assert hcl.count_when(body, "fallback_max_count", 0) == 0
+        assert hcl.count_when(body, "fallback_max_count", 3) == 1
+
+
+def test_the_fallback_group_is_where_the_adapter_looks() -> None:
+    aws = hcl.load_module(AWS_DIR)
+    # The node role may end the drain wait of either group's instances (by name prefix).
+    assert (
+        aws.of_type("aws_autoscaling_group")["fallback"]["name_prefix"] == "${var.name}-fallback-"
+    )
+    statements = aws.data["aws_iam_policy_document"]["node"]["statement"]
+    (drain,) = [s for s in statements if s.get("sid") == "EndOwnTerminationWait"]
+    assert any(
+        arn.endswith("autoScalingGroupName/${var.name}-fallback-*") for arn in drain["resources"]
+    )
+    group_name = hcl.load_module(GCP_DIR).of_type("google_compute_region_instance_group_manager")[
+        "fallback"
+    ]["name"]
+    assert group_name == "${var.name}" + constants.GCP_FALLBACK_GROUP_SUFFIX
 
 
 def test_notice_rule_and_queue_match_the_adapter() -> None:
@@ -134,6 +180,62 @@ MUTATIONS = [
         '["g6.xlarge"]',
         "spot fleet",
         "instance type",
+    ),
+    (
+        "aws",
+        "fallback.tf",
+        "on_demand_percentage_above_base_capacity = 100",
+        "on_demand_percentage_above_base_capacity = 0",
+        "fallback group",
+        "not all of it",
+    ),
+    (
+        "aws",
+        "fallback.tf",
+        "desired_capacity    = 0",
+        "desired_capacity    = 2",
+        "fallback group",
+        "start at 0",
+    ),
+    (
+        "aws",
+        "fallback.tf",
+        "count = var.fallback_max_count > 0 ? 1 : 0",
+        "count = 1",
+        "fallback group",
+        "only when fallback_max_count > 0",
+    ),
+    (
+        "aws",
+        "variables.tf",
+        'creates no group."\n  type        = number\n  default     = 0',
+        'creates no group."\n  type        = number\n  default     = 2',
+        "fallback group",
+        "defaults to 2",
+    ),
+    (
+        "aws",
+        "fallback.tf",
+        "launch_template_id = aws_launch_template.worker.id",
+        "launch_template_id = aws_launch_template.coordinator.id",
+        "fallback group",
+        "launch template",
+    ),
+    (
+        "aws",
+        "fallback.tf",
+        'dynamic "initial_lifecycle_hook" {',
+        'dynamic "warm_pool_hook" {',
+        "fallback group",
+        "lifecycle hook",
+    ),
+    (
+        "aws",
+        "fallback.tf",
+        "(local.tier_tag_key) = local.fallback_tier",
+        '"team" = "ml"',
+        "fallback group",
+        "tier tag",
     ),
     (
         "aws",
@@ -216,6 +318,46 @@ MUTATIONS = [
         "preemption notice",
     ),
     ("gcp", "workers.tf", "provider = google-beta", "", "spot template", "google-beta"),
+    (
+        "gcp",
+        "fallback.tf",
+        'provisioning_model = "STANDARD"',
+        'provisioning_model = "SPOT"',
+        "fallback group",
+        "STANDARD",
+    ),
+    (
+        "gcp",
+        "fallback.tf",
+        "preemptible        = false",
+        "preemptible        = true",
+        "fallback group",
+        "preemptible",
+    ),
+    (
+        "gcp",
+        "fallback.tf",
+        "target_size        = 0",
+        "target_size        = 2",
+        "fallback group",
+        "start at 0",
+    ),
+    (
+        "gcp",
+        "fallback.tf",
+        "count = var.fallback_max_count > 0 ? 1 : 0",
+        "count = 1",
+        "fallback group",
+        "only when fallback_max_count > 0",
+    ),
+    (
+        "gcp",
+        "fallback.tf",
+        "startup-script         = local.worker_startup_script",
+        'startup-script         = ""',
+        "fallback group",
+        "boot script",
+    ),
     (
         "gcp",
         "redis.tf",

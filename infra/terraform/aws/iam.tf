@@ -52,12 +52,14 @@ data "aws_iam_policy_document" "node" {
   }
 
   # A worker being drained by the termination lifecycle hook ends the wait itself once its
-  # requests have moved; only this fleet's worker group (by its name prefix) can be touched.
+  # requests have moved; only this fleet's worker groups (spot and fallback, by their name
+  # prefixes) can be touched.
   statement {
     sid     = "EndOwnTerminationWait"
     actions = ["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat"]
     resources = [
       "arn:${local.partition}:autoscaling:${local.region}:${local.account_id}:autoScalingGroup:*:autoScalingGroupName/${var.name}-workers-*",
+      "arn:${local.partition}:autoscaling:${local.region}:${local.account_id}:autoScalingGroup:*:autoScalingGroupName/${var.name}-fallback-*",
     ]
   }
 

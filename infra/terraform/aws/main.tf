@@ -5,14 +5,15 @@
 #                 ┌─────────────────────────────────────────────────┘
 #                 ▼
 #   worker ASG: spot, capacity-optimized over several GPU types and zones, capacity rebalance
+#   fallback ASG (optional): on-demand workers, 0 until spot falls short
 #     each VM: spotinfer-worker.service + spotinfer-daemon.service (notice source: aws IMDSv2)
 #                 │ tokens + KV blocks (TLS, AUTH)
 #                 ▼
 #   ElastiCache Redis (Multi-AZ)        EventBridge spot notices ──▶ SQS (for `spotinfer fleet notices`)
 #                                       FIS template: aws:ec2:send-spot-instance-interruptions
 #
-# Files: security.tf (security groups), iam.tf, workers.tf, coordinator.tf, redis.tf,
-# notices.tf (EventBridge + SQS), fis.tf, outputs.tf.
+# Files: security.tf (security groups), iam.tf, workers.tf, fallback.tf, coordinator.tf,
+# redis.tf, notices.tf (EventBridge + SQS), fis.tf, outputs.tf.
 
 data "aws_region" "current" {}
 data "aws_caller_identity" "current" {}
@@ -23,10 +24,13 @@ data "aws_vpc" "this" {
 }
 
 locals {
-  # The tag keys are shared with spotinfer/fleet/constants.py (FLEET_TAG_KEY, ROLE_TAG_KEY):
-  # the fleet adapter discovers workers by them, FIS targets them, IAM conditions test them.
+  # The tag keys are shared with spotinfer/fleet/constants.py (FLEET_TAG_KEY, ROLE_TAG_KEY,
+  # TIER_TAG_KEY, FALLBACK_TIER): the fleet adapter discovers workers and groups by them, FIS
+  # targets them, IAM conditions test them.
   fleet_tag_key = "spotinfer:fleet"
   role_tag_key  = "spotinfer:role"
+  tier_tag_key  = "spotinfer:tier"
+  fallback_tier = "fallback"
 
   tags = merge(var.tags, {
     (local.fleet_tag_key) = var.name

@@ -3,6 +3,11 @@ output "worker_asg_name" {
   value       = aws_autoscaling_group.worker.name
 }
 
+output "fallback_asg_name" {
+  description = "Auto Scaling group of the on-demand fallback workers (`spotinfer fleet fallback --fallback-group-name`); null when fallback_max_count is 0."
+  value       = one(aws_autoscaling_group.fallback[*].name)
+}
+
 output "coordinator_internal_address" {
   description = "host:port of the coordinator's gRPC service inside the VPC."
   value       = "${aws_lb.coordinator["internal"].dns_name}:${var.coordinator_grpc_port}"

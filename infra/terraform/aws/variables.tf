@@ -185,6 +185,17 @@ variable "on_demand_base_count" {
   default     = 0
 }
 
+variable "fallback_max_count" {
+  description = "Most on-demand fallback workers: a second Auto Scaling group, empty until `spotinfer fleet fallback` (or the fleet adapter) sizes it while spot capacity falls short. 0 (the default) creates no group."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.fallback_max_count >= 0 && floor(var.fallback_max_count) == var.fallback_max_count
+    error_message = "fallback_max_count must be a whole number, 0 or more."
+  }
+}
+
 variable "termination_drain_seconds" {
   description = "How long a worker the group itself terminates (rebalance, scale-in, refresh) stays in Terminating:Wait so its daemon can move requests away, as a spot notice would allow. 0 turns the lifecycle hook off."
   type        = number

@@ -6,18 +6,21 @@
 #                 ▼
 #   regional managed instance group: SPOT VMs over var.zones, termination action, longer
 #   preemption notice (google-beta), autohealing on the worker port
+#   fallback group (optional): STANDARD VMs, 0 until spot falls short
 #     each VM: spotinfer-worker.service + spotinfer-daemon.service (notice source: gcp metadata)
 #                 │ tokens + KV blocks (TLS, AUTH)
 #                 ▼
 #   Memorystore Redis (STANDARD_HA)     drill: instances.simulateMaintenanceEvent
 #
-# Files: firewall.tf, workers.tf, coordinator.tf, redis.tf, outputs.tf.
+# Files: firewall.tf, workers.tf, fallback.tf, coordinator.tf, redis.tf, outputs.tf.
 
 locals {
-  # Label keys are shared with spotinfer/fleet/constants.py (FLEET_LABEL_KEY, ROLE_LABEL_KEY);
-  # GCE labels allow no ':' so they differ from the AWS tag keys.
+  # Label keys are shared with spotinfer/fleet/constants.py (FLEET_LABEL_KEY, ROLE_LABEL_KEY,
+  # TIER_LABEL_KEY, FALLBACK_TIER); GCE labels allow no ':' so they differ from the AWS tag keys.
   fleet_label_key = "spotinfer-fleet"
   role_label_key  = "spotinfer-role"
+  tier_label_key  = "spotinfer-tier"
+  fallback_tier   = "fallback"
 
   labels = merge(var.labels, {
     (local.fleet_label_key) = var.name
@@ -57,6 +60,15 @@ locals {
     kv_mac_secret_id          = google_secret_manager_secret.kv_mac.secret_id
     install_script            = file("${local.boot_dir}/install-spotinfer.sh")
   }
+
+  # The workers' startup script, spot and fallback alike.
+  worker_startup_script = templatefile("${local.boot_dir}/gcp-boot.sh.tftpl", merge(local.boot_settings, {
+    role = "worker"
+    units = {
+      "spotinfer-daemon.service" = file("${local.boot_dir}/spotinfer-daemon.service")
+      "spotinfer-worker.service" = file("${local.boot_dir}/spotinfer-worker.service")
+    }
+  }))
 }
 
 # One service account for the fleet's VMs, with only what the boot script and the agents use.

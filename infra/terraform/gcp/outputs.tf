@@ -3,6 +3,16 @@ output "instance_group_manager" {
   value       = google_compute_region_instance_group_manager.worker.name
 }
 
+output "fallback_instance_group_manager" {
+  description = "Regional managed instance group of the on-demand fallback workers (`spotinfer fleet fallback --fallback-group-name`); null when fallback_max_count is 0."
+  value       = one(google_compute_region_instance_group_manager.fallback[*].name)
+}
+
+output "fallback_max_count" {
+  description = "Most fallback workers (`spotinfer fleet fallback --fallback-max-count` on GCP, where the group keeps no maximum of its own)."
+  value       = var.fallback_max_count
+}
+
 output "coordinator_internal_address" {
   description = "host:port of the coordinator's gRPC service inside the VPC."
   value       = "${google_compute_address.coordinator_internal.address}:${var.coordinator_grpc_port}"

@@ -188,6 +188,17 @@ variable "worker_count" {
   default     = 4
 }
 
+variable "fallback_max_count" {
+  description = "Most on-demand fallback workers: a second managed instance group of STANDARD VMs, empty until `spotinfer fleet fallback` (or the fleet adapter) sizes it while spot capacity falls short. 0 (the default) creates no group."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.fallback_max_count >= 0 && floor(var.fallback_max_count) == var.fallback_max_count
+    error_message = "fallback_max_count must be a whole number, 0 or more."
+  }
+}
+
 variable "distribution_shape" {
   description = "How the regional group spreads workers over var.zones: ANY places each VM in whichever zone has spot capacity now (fewest failed creations and preemptions); BALANCED and EVEN keep zones level, which stalls when one zone runs dry; ANY_SINGLE_ZONE keeps all workers in one zone (lowest latency between them)."
   type        = string

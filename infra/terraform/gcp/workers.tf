@@ -43,13 +43,7 @@ resource "google_compute_instance_template" "worker" {
   metadata = {
     block-project-ssh-keys = "TRUE"
     enable-oslogin         = "TRUE"
-    startup-script = templatefile("${local.boot_dir}/gcp-boot.sh.tftpl", merge(local.boot_settings, {
-      role = "worker"
-      units = {
-        "spotinfer-daemon.service" = file("${local.boot_dir}/spotinfer-daemon.service")
-        "spotinfer-worker.service" = file("${local.boot_dir}/spotinfer-worker.service")
-      }
-    }))
+    startup-script         = local.worker_startup_script
   }
 
   scheduling {

@@ -18,6 +18,7 @@ module "spotinfer" {
 
   worker_desired_count = var.worker_desired_count
   on_demand_base_count = var.on_demand_base_count
+  fallback_max_count   = var.fallback_max_count
 
   # The module's NAT-dependent boot (pip, model download) needs the route in place first.
   depends_on = [aws_route.private_nat, aws_route_table_association.private]

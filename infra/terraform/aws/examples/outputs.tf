@@ -13,6 +13,11 @@ output "worker_asg_name" {
   value       = module.spotinfer.worker_asg_name
 }
 
+output "fallback_asg_name" {
+  description = "On-demand fallback workers' Auto Scaling group (null without one)."
+  value       = module.spotinfer.fallback_asg_name
+}
+
 output "fis_experiment_template_id" {
   description = "Template for `spotinfer fleet drill --cloud aws`."
   value       = module.spotinfer.fis_experiment_template_id

@@ -45,6 +45,12 @@ variable "on_demand_base_count" {
   default     = 0
 }
 
+variable "fallback_max_count" {
+  description = "Most on-demand fallback workers, launched only while spot capacity falls short. 0: no fallback group."
+  type        = number
+  default     = 0
+}
+
 variable "vpc_cidr" {
   description = "CIDR block of the VPC this example creates."
   type        = string

@@ -34,5 +34,7 @@ module "spotinfer" {
   spotinfer_package = var.spotinfer_package
   worker_count      = var.worker_count
 
+  fallback_max_count = var.fallback_max_count
+
   depends_on = [google_project_service.apis, google_compute_router_nat.fleet]
 }

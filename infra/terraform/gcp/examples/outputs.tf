@@ -13,6 +13,16 @@ output "instance_group_manager" {
   value       = module.spotinfer.instance_group_manager
 }
 
+output "fallback_instance_group_manager" {
+  description = "On-demand fallback workers' managed instance group (null without one)."
+  value       = module.spotinfer.fallback_instance_group_manager
+}
+
+output "fallback_max_count" {
+  description = "Most fallback workers (`spotinfer fleet fallback --fallback-max-count`)."
+  value       = module.spotinfer.fallback_max_count
+}
+
 output "fleet_label" {
   description = "Label that marks the fleet's instances."
   value       = module.spotinfer.fleet_label

@@ -50,6 +50,12 @@ variable "worker_count" {
   default     = 4
 }
 
+variable "fallback_max_count" {
+  description = "Most on-demand fallback workers, launched only while spot capacity falls short. 0: no fallback group."
+  type        = number
+  default     = 0
+}
+
 variable "subnet_cidr" {
   description = "Primary range of the subnetwork this example creates."
   type        = string
