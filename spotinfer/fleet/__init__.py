@@ -11,6 +11,7 @@ from spotinfer.fleet.aws_events import notice_from_event
 from spotinfer.fleet.config import AwsFleetConfig, GcpFleetConfig
 from spotinfer.fleet.drill import DrillRun, DrillState
 from spotinfer.fleet.errors import FleetError, FleetEventError
+from spotinfer.fleet.fallback import FallbackCapacity, fallback_count_wanted
 from spotinfer.fleet.gcp import GcpFleet
 from spotinfer.fleet.instance import FleetInstance, InstanceState, Lifecycle
 from spotinfer.fleet.notice import FleetNotice
@@ -20,6 +21,7 @@ __all__ = [
     "AwsFleetConfig",
     "DrillRun",
     "DrillState",
+    "FallbackCapacity",
     "Fleet",
     "FleetError",
     "FleetEventError",
@@ -30,6 +32,7 @@ __all__ = [
     "InstanceState",
     "Lifecycle",
     "connect_fleet",
+    "fallback_count_wanted",
     "fleet_class",
     "notice_from_event",
     "registered_clouds",

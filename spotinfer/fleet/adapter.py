@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from spotinfer.fleet.drill import DrillRun
 from spotinfer.fleet.errors import FleetError
+from spotinfer.fleet.fallback import FallbackCapacity
 from spotinfer.fleet.instance import FleetInstance
 
 _REGISTRY: dict[str, type[Fleet]] = {}
@@ -22,10 +23,14 @@ _REGISTRY: dict[str, type[Fleet]] = {}
 class Fleet(abc.ABC):
     """One cloud's view of a spotinfer worker fleet.
 
-    Side effects: ``list_workers`` and ``drill_status`` only read. ``set_capacity``,
-    ``replace``, ``replace_lost`` and ``start_drill`` change the fleet and return once the
-    cloud has accepted the request, not when it is carried out. Invariant: every method
-    raises FleetError (never a client library's exception) when the cloud refuses.
+    Side effects: ``list_workers``, ``fallback_capacity`` and ``drill_status`` only read.
+    ``set_capacity``, ``set_fallback_capacity``, ``replace``, ``replace_lost`` and
+    ``start_drill`` change the fleet and return once the cloud has accepted the request, not
+    when it is carried out. Invariant: every method raises FleetError (never a client
+    library's exception) when the cloud refuses.
+
+    ``set_capacity``, ``replace`` and ``replace_lost`` act on the spot workers' group;
+    ``list_workers`` lists the workers of both groups.
     """
 
     cloud: ClassVar[str]
@@ -51,6 +56,21 @@ class Fleet(abc.ABC):
     @abc.abstractmethod
     def set_capacity(self, worker_count: int) -> None:
         """Ask for ``worker_count`` workers (Auto Scaling desired capacity / MIG size)."""
+
+    @abc.abstractmethod
+    def fallback_capacity(self) -> FallbackCapacity:
+        """The on-demand fallback group's size and maximum.
+
+        Raises FleetError if the fleet has no fallback group (Terraform fallback_max_count 0).
+        """
+
+    @abc.abstractmethod
+    def set_fallback_capacity(self, worker_count: int) -> None:
+        """Ask for ``worker_count`` on-demand fallback workers (0 releases them all).
+
+        Raises FleetError, changing nothing, if the fleet has no fallback group or the count
+        is outside 0..max_count.
+        """
 
     @abc.abstractmethod
     def replace(self, instance_ids: Sequence[str]) -> list[str]:

@@ -2,8 +2,9 @@
 
 What it expects is what infra/terraform/aws creates: worker instances tagged
 ``spotinfer:fleet=NAME`` and ``spotinfer:role=worker`` in one Auto Scaling group carrying the
-same tags, an FIS experiment template tagged with the fleet, and an SQS queue
-``NAME-spot-notices`` fed by EventBridge.
+same tags, optionally a second, on-demand one that also carries ``spotinfer:tier=fallback``,
+an FIS experiment template tagged with the fleet, and an SQS queue ``NAME-spot-notices`` fed
+by EventBridge.
 
 The queue's EventBridge events are translated by ``spotinfer.fleet.aws_events``.
 
@@ -24,14 +25,17 @@ from spotinfer.fleet.config import AwsFleetConfig
 from spotinfer.fleet.constants import (
     AWS_LISTED_STATES,
     AWS_NOTICE_QUEUE_SUFFIX,
+    FALLBACK_TIER,
     FLEET_TAG_KEY,
     ROLE_TAG_KEY,
     SQS_MAX_MESSAGES,
     SQS_MAX_WAIT_SECONDS,
+    TIER_TAG_KEY,
     WORKER_ROLE,
 )
 from spotinfer.fleet.drill import DrillRun, DrillState
 from spotinfer.fleet.errors import FleetError, FleetEventError
+from spotinfer.fleet.fallback import FallbackCapacity, check_fallback_count
 from spotinfer.fleet.instance import FleetInstance, InstanceState, Lifecycle
 from spotinfer.fleet.notice import FleetNotice
 
@@ -82,6 +86,13 @@ def _instance_from_ec2(description: Mapping[str, Any]) -> FleetInstance:
         lifecycle=Lifecycle.SPOT if is_spot else Lifecycle.ON_DEMAND,
         machine_type=description.get("InstanceType", ""),
         private_ip=description.get("PrivateIpAddress"),
+    )
+
+
+def _is_fallback(group: Mapping[str, Any]) -> bool:
+    return any(
+        tag.get("Key") == TIER_TAG_KEY and tag.get("Value") == FALLBACK_TIER
+        for tag in group.get("Tags", [])
     )
 
 
@@ -150,16 +161,21 @@ class AwsFleet(Fleet, cloud="aws"):
         states = {"Name": "instance-state-name", "Values": list(AWS_LISTED_STATES)}
         return self._describe([*self._fleet_filters(), states])
 
+    def _describe_groups(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        paginator = self._autoscaling.get_paginator("describe_auto_scaling_groups")
+        pages = _call("describe Auto Scaling groups", lambda: list(paginator.paginate(**request)))
+        return [group for page in pages for group in page["AutoScalingGroups"]]
+
     def _group(self) -> dict[str, Any]:
         if self.config.group_name:
-            request: dict[str, Any] = {"AutoScalingGroupNames": [self.config.group_name]}
+            groups = self._describe_groups({"AutoScalingGroupNames": [self.config.group_name]})
         else:
-            request = {"Filters": self._fleet_filters()}
-        response = _call(
-            "describe Auto Scaling groups",
-            lambda: self._autoscaling.describe_auto_scaling_groups(**request),
-        )
-        groups = response["AutoScalingGroups"]
+            # The fallback group carries the same fleet and role tags.
+            groups = [
+                group
+                for group in self._describe_groups({"Filters": self._fleet_filters()})
+                if not _is_fallback(group)
+            ]
         if len(groups) != 1:
             wanted = self.config.group_name or f"tagged {FLEET_TAG_KEY}={self.config.fleet_name}"
             raise FleetError(
@@ -177,6 +193,47 @@ class AwsFleet(Fleet, cloud="aws"):
             )
         _call(
             "set desired capacity",
+            lambda: self._autoscaling.set_desired_capacity(
+                AutoScalingGroupName=group["AutoScalingGroupName"],
+                DesiredCapacity=worker_count,
+                HonorCooldown=False,
+            ),
+        )
+
+    def _fallback_group(self) -> dict[str, Any]:
+        name = self.config.fallback_group_name
+        if name:
+            groups = self._describe_groups({"AutoScalingGroupNames": [name]})
+            wanted = f"named {name}"
+        else:
+            tier = {"Name": f"tag:{TIER_TAG_KEY}", "Values": [FALLBACK_TIER]}
+            groups = self._describe_groups({"Filters": [*self._fleet_filters(), tier]})
+            wanted = f"tagged {TIER_TAG_KEY}={FALLBACK_TIER}"
+        if not groups:
+            raise FleetError(
+                f"fleet {self.config.fleet_name} has no on-demand fallback group {wanted}; "
+                "set fallback_max_count above 0 in Terraform to create one"
+            )
+        if len(groups) > 1:
+            raise FleetError(
+                f"expected one fallback Auto Scaling group {wanted}, found {len(groups)}; "
+                "pass --fallback-group-name"
+            )
+        return groups[0]
+
+    def fallback_capacity(self) -> FallbackCapacity:
+        group = self._fallback_group()
+        return FallbackCapacity(
+            group=group["AutoScalingGroupName"],
+            count=group["DesiredCapacity"],
+            max_count=group["MaxSize"],
+        )
+
+    def set_fallback_capacity(self, worker_count: int) -> None:
+        group = self._fallback_group()
+        check_fallback_count(worker_count, group["MaxSize"])
+        _call(
+            "set the fallback group's desired capacity",
             lambda: self._autoscaling.set_desired_capacity(
                 AutoScalingGroupName=group["AutoScalingGroupName"],
                 DesiredCapacity=worker_count,

@@ -16,6 +16,12 @@ ROLE_LABEL_KEY = "spotinfer-role"
 
 WORKER_ROLE = "worker"
 
+# The on-demand fallback group carries the worker tags / labels too; its tier tells it from
+# the spot group. AWS tag key, GCE label key, and the value both take.
+TIER_TAG_KEY = "spotinfer:tier"
+TIER_LABEL_KEY = "spotinfer-tier"
+FALLBACK_TIER = "fallback"
+
 # EventBridge events the notice queue receives (infra/terraform/aws/notices.tf).
 AWS_EVENT_SOURCE = "aws.ec2"
 AWS_INTERRUPTION_DETAIL_TYPE = "EC2 Spot Instance Interruption Warning"
@@ -31,6 +37,7 @@ SQS_MAX_MESSAGES = 10
 # Suffixes the Terraform modules give to names derived from the fleet name.
 AWS_NOTICE_QUEUE_SUFFIX = "-spot-notices"
 GCP_GROUP_SUFFIX = "-workers"
+GCP_FALLBACK_GROUP_SUFFIX = "-fallback"
 
 # EC2 instance states that an instance of the fleet can be listed in.
 AWS_LISTED_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")

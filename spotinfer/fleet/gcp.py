@@ -2,10 +2,13 @@
 
 What it expects is what infra/terraform/gcp creates: worker VMs labelled
 ``spotinfer-fleet=NAME`` and ``spotinfer-role=worker`` in the regional managed instance group
-``NAME-workers``. The REST calls it makes (all under ``/compute/v1/projects/PROJECT``):
+``NAME-workers``, and optionally an on-demand fallback group ``NAME-fallback``. The REST calls
+it makes (all under ``/compute/v1/projects/PROJECT``):
 
     GET  /aggregated/instances?filter=labels.spotinfer-fleet = "NAME" AND …   list_workers
     POST /regions/R/instanceGroupManagers/G/resize?size=N                      set_capacity
+    GET  /regions/R/instanceGroupManagers/NAME-fallback                        fallback_capacity
+    POST /regions/R/instanceGroupManagers/NAME-fallback/resize?size=N          set_fallback_capacity
     POST /regions/R/instanceGroupManagers/G/recreateInstances                  replace
     POST /zones/Z/instances/I/simulateMaintenanceEvent                         start_drill
     GET  /zones/Z/operations/OP                                                drill_status
@@ -17,14 +20,22 @@ deleted after the notice. google-cloud-compute is imported by ``connect`` only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from spotinfer.fleet.adapter import Fleet
 from spotinfer.fleet.config import GcpFleetConfig
-from spotinfer.fleet.constants import FLEET_LABEL_KEY, ROLE_LABEL_KEY, WORKER_ROLE
+from spotinfer.fleet.constants import (
+    FALLBACK_TIER,
+    FLEET_LABEL_KEY,
+    ROLE_LABEL_KEY,
+    TIER_LABEL_KEY,
+    WORKER_ROLE,
+)
 from spotinfer.fleet.drill import DrillRun, DrillState
 from spotinfer.fleet.errors import FleetError
+from spotinfer.fleet.fallback import FallbackCapacity, check_fallback_count
 from spotinfer.fleet.instance import FleetInstance, InstanceState, Lifecycle
 
 T = TypeVar("T")
@@ -43,12 +54,15 @@ _GCE_STATES = {
 }
 
 
-def _call(what: str, request: Callable[[], T]) -> T:
-    """Run one Compute API request; the client library's errors become FleetError."""
-    from google.api_core.exceptions import GoogleAPICallError, RetryError
+def _call(what: str, request: Callable[[], T], not_found: str | None = None) -> T:
+    """Run one Compute API request; the client library's errors become FleetError
+    (``not_found``, if given, is the message for a 404)."""
+    from google.api_core.exceptions import GoogleAPICallError, NotFound, RetryError
 
     try:
         return request()
+    except NotFound as error:
+        raise FleetError(not_found or f"{what}: {error.code} {error.message}") from error
     except GoogleAPICallError as error:
         raise FleetError(f"{what}: {error.code} {error.message}") from error
     except RetryError as error:
@@ -151,7 +165,14 @@ class GcpFleet(Fleet, cloud="gcp"):
         )
 
     def list_workers(self) -> list[FleetInstance]:
-        request = {"project": self.config.project, "filter": self._label_filter()}
+        return self._list(self._label_filter())
+
+    def _fallback_ids(self) -> set[str]:
+        tier = f'labels.{TIER_LABEL_KEY} = "{FALLBACK_TIER}"'
+        return {worker.instance_id for worker in self._list(f"{self._label_filter()} AND {tier}")}
+
+    def _list(self, label_filter: str) -> list[FleetInstance]:
+        request = {"project": self.config.project, "filter": label_filter}
         scopes = _call(
             "list instances", lambda: list(self._instances.aggregated_list(request=request))
         )
@@ -177,17 +198,66 @@ class GcpFleet(Fleet, cloud="gcp"):
             ),
         )
 
-    def _recreate(self, workers: Sequence[FleetInstance]) -> list[str]:
-        urls = [f"zones/{worker.zone}/instances/{worker.instance_id}" for worker in workers]
-        _call(
-            "recreate instances",
-            lambda: self._group_managers.recreate_instances(
+    def _fallback_max_count(self) -> int:
+        max_count = self.config.fallback_max_count
+        if not max_count:
+            raise FleetError(
+                f"fleet {self.config.fleet_name} has no on-demand fallback group configured: "
+                "pass --fallback-max-count (the Terraform output fallback_max_count; a managed "
+                "instance group keeps no maximum of its own)"
+            )
+        return max_count
+
+    def fallback_capacity(self) -> FallbackCapacity:
+        max_count = self._fallback_max_count()
+        group = self.config.fallback_group
+        manager = _call(
+            f"get instance group {group}",
+            lambda: self._group_managers.get(
                 project=self.config.project,
                 region=self.config.region,
-                instance_group_manager=self.config.group,
-                region_instance_group_managers_recreate_request_resource={"instances": urls},
+                instance_group_manager=group,
             ),
+            not_found=f"fleet {self.config.fleet_name} has no fallback group {group}",
         )
+        return FallbackCapacity(group=group, count=int(manager.target_size), max_count=max_count)
+
+    def set_fallback_capacity(self, worker_count: int) -> None:
+        check_fallback_count(worker_count, self._fallback_max_count())
+        group = self.config.fallback_group
+        _call(
+            "resize the fallback group",
+            lambda: self._group_managers.resize(
+                project=self.config.project,
+                region=self.config.region,
+                instance_group_manager=group,
+                size=worker_count,
+            ),
+            not_found=f"fleet {self.config.fleet_name} has no fallback group {group}",
+        )
+
+    def _recreate(self, workers: Sequence[FleetInstance]) -> list[str]:
+        """Recreate each worker through its own group: the spot one or the fallback one."""
+        fallback_ids = self._fallback_ids()
+        by_group: dict[str, list[str]] = {}
+        for worker in workers:
+            group = (
+                self.config.fallback_group
+                if worker.instance_id in fallback_ids
+                else self.config.group
+            )
+            by_group.setdefault(group, []).append(
+                f"zones/{worker.zone}/instances/{worker.instance_id}"
+            )
+        for group, urls in by_group.items():
+            request = functools.partial(
+                self._group_managers.recreate_instances,
+                project=self.config.project,
+                region=self.config.region,
+                instance_group_manager=group,
+                region_instance_group_managers_recreate_request_resource={"instances": urls},
+            )
+            _call(f"recreate instances of {group}", request)
         return [worker.instance_id for worker in workers]
 
     def replace(self, instance_ids: Sequence[str]) -> list[str]:

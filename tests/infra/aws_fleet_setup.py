@@ -2,7 +2,7 @@
 
 Only what the adapter touches: tagged launch template and Auto Scaling group with a mixed
 instances policy, a tagged FIS experiment template, and the notice queue fed by an
-EventBridge rule with the module's event pattern.
+EventBridge rule with the module's event pattern; on request, the on-demand fallback group.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from spotinfer.fleet.constants import (
     AWS_INTERRUPTION_DETAIL_TYPE,
     AWS_NOTICE_QUEUE_SUFFIX,
     AWS_REBALANCE_DETAIL_TYPE,
+    FALLBACK_TIER,
     FLEET_TAG_KEY,
     ROLE_TAG_KEY,
+    TIER_TAG_KEY,
     WORKER_ROLE,
 )
 
@@ -55,7 +57,10 @@ class MotoFleet:
     queue_url: str
 
 
-def _tags(fleet: str, group: str, role: str = WORKER_ROLE) -> list[dict[str, Any]]:
+def _tags(
+    fleet: str, group: str, role: str = WORKER_ROLE, extra: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    tags = {FLEET_TAG_KEY: fleet, ROLE_TAG_KEY: role, **(extra or {})}
     return [
         {
             "Key": key,
@@ -64,7 +69,7 @@ def _tags(fleet: str, group: str, role: str = WORKER_ROLE) -> list[dict[str, Any
             "ResourceId": group,
             "ResourceType": "auto-scaling-group",
         }
-        for key, value in ((FLEET_TAG_KEY, fleet), (ROLE_TAG_KEY, role))
+        for key, value in tags.items()
     ]
 
 
@@ -138,6 +143,36 @@ def create_fleet(clients: AwsClients, name: str, desired: int = 2) -> MotoFleet:
     )
     clients.events.put_targets(Rule=rule, Targets=[{"Id": "queue", "Arn": queue_arn}])
     return MotoFleet(name, group_name, fis_template_id, queue_url)
+
+
+def create_fallback_group(clients: AwsClients, fleet: MotoFleet, max_size: int) -> str:
+    """The module's fallback group beside ``fleet``'s workers: on demand, empty, tier-tagged."""
+    spot_group = clients.autoscaling.describe_auto_scaling_groups(
+        AutoScalingGroupNames=[fleet.group_name]
+    )["AutoScalingGroups"][0]
+    group_name = f"{fleet.name}-fallback-0001"
+    clients.autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName=group_name,
+        MinSize=0,
+        MaxSize=max_size,
+        DesiredCapacity=0,
+        VPCZoneIdentifier=spot_group["VPCZoneIdentifier"],
+        MixedInstancesPolicy={
+            "LaunchTemplate": {
+                "LaunchTemplateSpecification": {
+                    "LaunchTemplateName": f"{fleet.name}-worker",
+                    "Version": "$Latest",
+                },
+                "Overrides": [{"InstanceType": "g6.xlarge"}, {"InstanceType": "g5.xlarge"}],
+            },
+            "InstancesDistribution": {
+                "OnDemandBaseCapacity": 0,
+                "OnDemandPercentageAboveBaseCapacity": 100,
+            },
+        },
+        Tags=_tags(fleet.name, group_name, extra={TIER_TAG_KEY: FALLBACK_TIER}),
+    )
+    return group_name
 
 
 def put_spot_event(clients: AwsClients, detail_type: str, detail: dict[str, Any]) -> None:

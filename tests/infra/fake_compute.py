@@ -76,6 +76,8 @@ class FakeCompute:
         self.region = region
         self.group = group
         self.target_size = 0
+        # Further groups of the region (the fallback) by name, and their target sizes.
+        self.other_groups: dict[str, int] = {}
         self.instances: dict[str, FakeInstance] = {}
         self.recreated: list[str] = []
         self.requests: list[RecordedRequest] = []
@@ -100,6 +102,7 @@ class FakeCompute:
             rest = path[len(f"{API_PREFIX}{self.project}/") :]
             routes: list[tuple[str, str, Callable[..., tuple[int, Any]]]] = [
                 ("GET", r"aggregated/instances", self._aggregated_instances),
+                ("GET", r"regions/([^/]+)/instanceGroupManagers/([^/]+)", self._get_group),
                 ("POST", r"regions/([^/]+)/instanceGroupManagers/([^/]+)/resize", self._resize),
                 (
                     "POST",
@@ -132,9 +135,25 @@ class FakeCompute:
         return 200, {"kind": "compute#instanceAggregatedList", "id": "agg", "items": items}
 
     def _check_group(self, region: str, group: str) -> tuple[int, Any] | None:
-        if region != self.region or group != self.group:
+        if region != self.region or (group != self.group and group not in self.other_groups):
             return 404, _error(404, f"instance group {region}/{group} not found")
         return None
+
+    def _get_group(
+        self, region: str, group: str, *, query: dict[str, list[str]], body: Any
+    ) -> tuple[int, Any]:
+        missing = self._check_group(region, group)
+        if missing:
+            return missing
+        size = self.target_size if group == self.group else self.other_groups[group]
+        base = f"{self.url}{API_PREFIX}{self.project}/regions/{region}"
+        return 200, {
+            "kind": "compute#instanceGroupManager",
+            "name": group,
+            "targetSize": size,
+            "region": base,
+            "selfLink": f"{base}/instanceGroupManagers/{group}",
+        }
 
     def _resize(
         self, region: str, group: str, *, query: dict[str, list[str]], body: Any
@@ -142,7 +161,11 @@ class FakeCompute:
         missing = self._check_group(region, group)
         if missing:
             return missing
-        self.target_size = int(query["size"][0])
+        size = int(query["size"][0])
+        if group == self.group:
+            self.target_size = size
+        else:
+            self.other_groups[group] = size
         return 200, self._operation("resize", region=region, target=group, status="DONE")
 
     def _recreate(

@@ -18,6 +18,7 @@ from tests.infra.aws_fleet_setup import (
     REGION,
     AwsClients,
     MotoFleet,
+    create_fallback_group,
     create_fleet,
     group_instance_ids,
     put_spot_event,
@@ -184,3 +185,78 @@ def test_rejected_requests_surface_as_fleet_errors(aws_endpoint: str, fleet: Mot
     with pytest.raises(FleetError, match="QueueDoesNotExist|NonExistentQueue|does not exist"):
         adapter.receive_notices(queue_url=f"{aws_endpoint}/123456789012/nope", wait_seconds=0)
     json.dumps([worker.as_row() for worker in adapter.list_workers()])  # rows are plain JSON
+
+
+# ---- the on-demand fallback group ------------------------------------------------------------
+
+
+def _desired(clients: AwsClients, group_name: str) -> int:
+    groups = clients.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group_name])
+    desired: int = groups["AutoScalingGroups"][0]["DesiredCapacity"]
+    return desired
+
+
+def test_fallback_group_is_found_by_its_tier_tag_and_scaled_on_demand(
+    aws_endpoint: str, clients: AwsClients, fleet: MotoFleet
+) -> None:
+    fallback_name = create_fallback_group(clients, fleet, max_size=3)
+    adapter = _connect(aws_endpoint)
+
+    adapter.set_fallback_capacity(2)
+
+    assert _desired(clients, fallback_name) == 2
+    assert _desired(clients, fleet.group_name) == 2  # the spot group keeps its own size
+    capacity = adapter.fallback_capacity()
+    assert (capacity.group, capacity.count, capacity.max_count) == (fallback_name, 2, 3)
+    adapter.set_fallback_capacity(0)
+    assert _desired(clients, fallback_name) == 0
+
+
+def test_the_fallback_group_does_not_count_as_a_second_spot_group(
+    aws_endpoint: str, clients: AwsClients, fleet: MotoFleet
+) -> None:
+    fallback_name = create_fallback_group(clients, fleet, max_size=3)
+
+    _connect(aws_endpoint).set_capacity(3)
+
+    assert _desired(clients, fleet.group_name) == 3
+    assert _desired(clients, fallback_name) == 0
+
+
+def test_fallback_group_named_in_the_config(
+    aws_endpoint: str, clients: AwsClients, fleet: MotoFleet
+) -> None:
+    fallback_name = create_fallback_group(clients, fleet, max_size=2)
+    config = AwsFleetConfig(
+        fleet_name="demo",
+        region=REGION,
+        fallback_group_name=fallback_name,
+        endpoint_url=aws_endpoint,
+    )
+
+    AwsFleet.connect(config).set_fallback_capacity(1)
+
+    assert _desired(clients, fallback_name) == 1
+
+
+@pytest.mark.parametrize(
+    ("count", "message"),
+    [(-1, "must not be negative"), (4, "above the fallback group's maximum of 3")],
+)
+def test_a_fallback_count_outside_the_group_is_refused(
+    aws_endpoint: str, clients: AwsClients, fleet: MotoFleet, count: int, message: str
+) -> None:
+    fallback_name = create_fallback_group(clients, fleet, max_size=3)
+
+    with pytest.raises(FleetError, match=message):
+        _connect(aws_endpoint).set_fallback_capacity(count)
+
+    assert _desired(clients, fallback_name) == 0
+
+
+def test_a_fleet_without_a_fallback_group_says_so(aws_endpoint: str, fleet: MotoFleet) -> None:
+    adapter = _connect(aws_endpoint)
+    with pytest.raises(FleetError, match="no on-demand fallback group"):
+        adapter.set_fallback_capacity(1)
+    with pytest.raises(FleetError, match="fallback_max_count"):
+        adapter.fallback_capacity()

@@ -36,6 +36,7 @@ def test_connect_checks_the_config_matches_the_cloud() -> None:
         {"fleet_name": "d", "region": "us-east-1"},
         {"fleet_name": "demo", "region": "useast1"},
         {"fleet_name": "demo", "region": "us-east-1", "group_name": " "},
+        {"fleet_name": "demo", "region": "us-east-1", "fallback_group_name": ""},
         {"fleet_name": "demo", "region": "us-east-1", "endpoint_url": "localhost:5000"},
     ],
 )
@@ -50,6 +51,12 @@ def test_bad_aws_locations_are_refused(options: dict[str, str]) -> None:
         {"fleet_name": "demo", "region": "us-central1", "project": "P"},
         {"fleet_name": "demo", "region": "us-central1-a", "project": "spot-project"},
         {"fleet_name": "demo_1", "region": "us-central1", "project": "spot-project"},
+        {
+            "fleet_name": "demo",
+            "region": "us-central1",
+            "project": "spot-project",
+            "fallback_max_count": -1,
+        },
     ],
 )
 def test_bad_gcp_locations_are_refused(options: dict[str, str]) -> None:
@@ -64,3 +71,8 @@ def test_gcp_group_defaults_to_the_terraform_name() -> None:
         fleet_name="demo", region="us-central1", project="spot-project", group_name="mine"
     )
     assert named.group == "mine"
+
+
+def test_gcp_fallback_group_defaults_to_the_terraform_name() -> None:
+    config = GcpFleetConfig(fleet_name="demo", region="us-central1", project="spot-project")
+    assert config.fallback_group == "demo-fallback"

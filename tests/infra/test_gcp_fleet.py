@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from spotinfer.fleet import FleetError, GcpFleet, GcpFleetConfig, InstanceState, Lifecycle
-from spotinfer.fleet.constants import FLEET_LABEL_KEY, ROLE_LABEL_KEY
+from spotinfer.fleet.constants import (
+    FALLBACK_TIER,
+    FLEET_LABEL_KEY,
+    ROLE_LABEL_KEY,
+    TIER_LABEL_KEY,
+)
 from spotinfer.fleet.drill import DrillState
 from tests.infra.fake_compute import FakeCompute, FakeInstance
 
@@ -14,9 +19,13 @@ def _labels(fleet: str, role: str = "worker") -> dict[str, str]:
     return {FLEET_LABEL_KEY: fleet, ROLE_LABEL_KEY: role}
 
 
-def _connect(compute: FakeCompute) -> GcpFleet:
+def _connect(compute: FakeCompute, fallback_max_count: int | None = None) -> GcpFleet:
     config = GcpFleetConfig(
-        fleet_name="demo", region="us-central1", project="spot-project", endpoint_url=compute.url
+        fleet_name="demo",
+        region="us-central1",
+        project="spot-project",
+        fallback_max_count=fallback_max_count,
+        endpoint_url=compute.url,
     )
     return GcpFleet.connect(config)
 
@@ -150,3 +159,80 @@ def test_cloud_errors_become_fleet_errors(fake_compute: FakeCompute) -> None:
         fleet.drill_status("no-slash")
     with pytest.raises(FleetError, match="404"):
         fleet.drill_status("us-central1-a/operation-missing")
+
+
+# ---- the on-demand fallback group ------------------------------------------------------------
+
+
+def test_fallback_capacity_resizes_the_fallback_group_not_the_spot_one(
+    fleet_vms: FakeCompute,
+) -> None:
+    fleet_vms.other_groups["demo-fallback"] = 0
+    fleet = _connect(fleet_vms, fallback_max_count=3)
+
+    fleet.set_fallback_capacity(2)
+
+    assert fleet_vms.other_groups["demo-fallback"] == 2
+    assert fleet_vms.target_size == 0  # the spot group is untouched
+    request = fleet_vms.requests[-1]
+    assert request.path.endswith("/regions/us-central1/instanceGroupManagers/demo-fallback/resize")
+    capacity = fleet.fallback_capacity()
+    assert (capacity.group, capacity.count, capacity.max_count) == ("demo-fallback", 2, 3)
+
+    fleet.set_fallback_capacity(0)
+    assert fleet_vms.other_groups["demo-fallback"] == 0
+
+
+@pytest.mark.parametrize(
+    ("count", "message"), [(-1, "must not be negative"), (4, "above the fallback group's maximum")]
+)
+def test_a_fallback_count_outside_its_bounds_is_refused_before_any_call(
+    fleet_vms: FakeCompute, count: int, message: str
+) -> None:
+    fleet_vms.other_groups["demo-fallback"] = 1
+    fleet = _connect(fleet_vms, fallback_max_count=3)
+    calls = len(fleet_vms.requests)
+
+    with pytest.raises(FleetError, match=message):
+        fleet.set_fallback_capacity(count)
+
+    assert fleet_vms.requests[calls:] == []
+    assert fleet_vms.other_groups["demo-fallback"] == 1
+
+
+def test_a_fleet_without_a_fallback_group_says_so(fleet_vms: FakeCompute) -> None:
+    with pytest.raises(FleetError, match="no on-demand fallback group configured"):
+        _connect(fleet_vms).set_fallback_capacity(1)
+    # Configured, but Terraform created no group (fallback_max_count 0 there).
+    with pytest.raises(FleetError, match="has no fallback group demo-fallback"):
+        _connect(fleet_vms, fallback_max_count=2).set_fallback_capacity(1)
+    with pytest.raises(FleetError, match="has no fallback group demo-fallback"):
+        _connect(fleet_vms, fallback_max_count=2).fallback_capacity()
+
+
+def test_a_lost_fallback_worker_is_recreated_through_the_fallback_group(
+    fleet_vms: FakeCompute,
+) -> None:
+    fleet_vms.other_groups["demo-fallback"] = 1
+    fleet_vms.add(
+        FakeInstance(
+            "demo-fallback-x",
+            "us-central1-a",
+            status="TERMINATED",
+            labels={**_labels("demo"), TIER_LABEL_KEY: FALLBACK_TIER},
+            provisioning_model="STANDARD",
+        )
+    )
+
+    replaced = _connect(fleet_vms).replace_lost()
+
+    assert replaced == ["demo-fallback-x", "demo-worker-c"]
+    recreates = {
+        request.path.rsplit("/", 2)[-2]: request.body["instances"]
+        for request in fleet_vms.requests
+        if request.path.endswith("/recreateInstances")
+    }
+    assert recreates == {
+        "demo-fallback": ["zones/us-central1-a/instances/demo-fallback-x"],
+        "demo-workers": ["zones/us-central1-c/instances/demo-worker-c"],
+    }
