@@ -2,6 +2,7 @@
 
     spotinfer fleet list    --cloud aws --fleet-name prod --region us-east-1
     spotinfer fleet scale   --cloud gcp --fleet-name prod --region us-central1 --project p --workers 6
+    spotinfer fleet fallback --cloud aws ... [--workers N]     (on-demand fallback group)
     spotinfer fleet replace --cloud aws ... i-0abc i-0def      (or --lost)
     spotinfer fleet drill   --cloud aws ...                    (FIS spot interruption)
     spotinfer fleet drill   --cloud gcp ... [--target NAME]    (simulateMaintenanceEvent)
@@ -19,6 +20,7 @@ import dataclasses
 import json
 import sys
 import time
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,6 +76,17 @@ def register(subparsers: Any) -> None:
     _add_location_flags(scale)
     scale.add_argument("--workers", required=True, help="the number of workers wanted")
     scale.set_defaults(func=run_scale)
+
+    fallback = actions.add_parser(
+        "fallback", help="show or set the number of on-demand fallback workers"
+    )
+    _add_location_flags(fallback)
+    fallback.add_argument(
+        "--workers",
+        default=None,
+        help="the number of fallback workers wanted (0 releases them); without it, show the group",
+    )
+    fallback.set_defaults(func=run_fallback)
 
     replace = actions.add_parser(
         "replace", help="replace workers with fresh ones (capacity is kept)"
@@ -140,10 +153,14 @@ def _config(args: argparse.Namespace) -> Any:
     ]
     if missing:
         raise UserError(f"--cloud {args.cloud} needs {', '.join(missing)}")
+    # Flags arrive as text; a whole-number field (GCP's fallback_max_count) is converted here.
+    hints = typing.get_type_hints(config_class)
     given = {
-        config_field.name: getattr(args, config_field.name)
+        config_field.name: _whole_number(_flag(config_field.name), value)
+        if int in typing.get_args(hints[config_field.name])
+        else value
         for config_field in config_fields
-        if getattr(args, config_field.name) is not None
+        if (value := getattr(args, config_field.name)) is not None
     }
     try:
         return config_class(**given)
@@ -195,6 +212,20 @@ def run_scale(args: argparse.Namespace) -> int:
     except FleetError as error:
         raise UserError(str(error)) from error
     print(f"asked {args.cloud} for {worker_count} workers")
+    return 0
+
+
+def run_fallback(args: argparse.Namespace) -> int:
+    worker_count = None if args.workers is None else _whole_number("--workers", args.workers)
+    fleet = _connect(args)
+    try:
+        if worker_count is None:
+            _print_rows([fleet.fallback_capacity().as_row()], args.json)
+            return 0
+        fleet.set_fallback_capacity(worker_count)
+    except FleetError as error:
+        raise UserError(str(error)) from error
+    print(f"asked {args.cloud} for {worker_count} fallback workers")
     return 0
 
 

@@ -15,7 +15,13 @@ from spotinfer.commands import fleet as fleet_command
 pytest.importorskip("boto3", reason="boto3 is not installed")
 pytest.importorskip("moto.server", reason="moto[server] is not installed")
 
-from tests.infra.aws_fleet_setup import REGION, AwsClients, create_fleet, group_instance_ids
+from tests.infra.aws_fleet_setup import (
+    REGION,
+    AwsClients,
+    create_fallback_group,
+    create_fleet,
+    group_instance_ids,
+)
 from tests.infra.conftest import REPO_ROOT
 from tests.infra.fake_compute import FakeCompute, FakeInstance
 
@@ -123,6 +129,41 @@ def test_gcp_list_and_drill(fake_compute: FakeCompute, capsys: pytest.CaptureFix
     assert fake_compute.instances["demo-worker-a"].status == "TERMINATED"
 
 
+def test_aws_fallback_shows_and_sets_the_on_demand_group(
+    aws_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clients = AwsClients.at(aws_endpoint)
+    fallback_name = create_fallback_group(clients, create_fleet(clients, "demo"), max_size=3)
+
+    assert run(["fallback", *aws_flags(aws_endpoint), "--workers", "2"]) == 0
+    assert "2 fallback workers" in capsys.readouterr().out
+
+    assert run(["fallback", *aws_flags(aws_endpoint), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"group": fallback_name, "count": "2", "max_count": "3"}
+    ]
+    with pytest.raises(UserError, match="maximum of 3"):
+        run(["fallback", *aws_flags(aws_endpoint), "--workers", "4"])
+
+
+def test_gcp_fallback_takes_its_maximum_from_the_flags(
+    fake_compute: FakeCompute, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_compute.other_groups["demo-fallback"] = 0
+    flags = [*gcp_flags(fake_compute), "--fallback-max-count", "2"]
+
+    assert run(["fallback", *flags, "--workers", "2"]) == 0
+    assert fake_compute.other_groups["demo-fallback"] == 2
+    assert run(["fallback", *flags]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[-1].split() == ["demo-fallback", "2", "2"]
+
+    with pytest.raises(UserError, match="--fallback-max-count"):
+        run(["fallback", *gcp_flags(fake_compute), "--workers", "1"])
+    with pytest.raises(UserError, match="--fallback-max-count must be a whole number"):
+        run(["fallback", *gcp_flags(fake_compute), "--fallback-max-count", "two"])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -146,6 +187,20 @@ def test_gcp_list_and_drill(fake_compute: FakeCompute, capsys: pytest.CaptureFix
             "--workers",
         ),
         (["replace", "--cloud", "aws", "--fleet-name", "demo", "--region", "us-east-1"], "--lost"),
+        (
+            [
+                "fallback",
+                "--cloud",
+                "aws",
+                "--fleet-name",
+                "demo",
+                "--region",
+                "us-east-1",
+                "--workers",
+                "-1",
+            ],
+            "--workers must be at least 0",
+        ),
         (
             [
                 "notices",
@@ -172,6 +227,8 @@ def test_bad_input_is_one_user_error(argv: list[str], message: str) -> None:
 def test_a_fleet_that_does_not_exist_is_a_user_error(aws_endpoint: str) -> None:
     with pytest.raises(UserError, match="Auto Scaling"):
         run(["scale", *aws_flags(aws_endpoint), "--workers", "2"])
+    with pytest.raises(UserError, match="no on-demand fallback group"):
+        run(["fallback", *aws_flags(aws_endpoint), "--workers", "1"])
 
 
 def test_registering_the_command_imports_no_cloud_sdk() -> None:
