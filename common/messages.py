@@ -110,6 +110,22 @@ class PoolLabels:
         if self.cloud and self.cloud not in POOL_CLOUDS:
             raise ValueError(f"pool cloud must be one of {POOL_CLOUDS}, got {self.cloud!r}")
 
+    @property
+    def fallback(self) -> bool:
+        """An on-demand VM of a cloud fleet: the fallback tier, which the coordinator routes
+        to only while the spot workers cannot hold the load (a worker with no cloud label
+        is an ordinary one, wherever it runs)."""
+        return bool(self.cloud) and not self.spot
+
+    @property
+    def name(self) -> str:
+        """The pool: workers alike in cloud, zone, type and purchase option ("" when
+        unlabelled)."""
+        if not (self.cloud or self.zone or self.instance_type or self.spot):
+            return ""
+        purchase = "spot" if self.spot else "on-demand"
+        return "/".join((self.cloud, self.zone, self.instance_type, purchase))
+
 
 @dataclass(frozen=True)
 class Registration:

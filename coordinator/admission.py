@@ -27,6 +27,17 @@ start of the gap, whichever is later; a routable worker ends the gap — leaves 
 NoWorkerInTime (RESOURCE_EXHAUSTED and the base retry hint: its retry waits in the queue
 again). The bound is checked at every pump, so it is met within a heartbeat.
 
+Pools (the labels a worker registers: zone, instance type, spot or on demand). An on-demand
+worker of a cloud fleet is the fallback (`PoolLabels.fallback`: a cloud label and no
+`--spot`, as the fallback group's VMs register): it takes a new request only when no other
+worker has room and
+none is left to promote; once they have room again new requests go to them, and the
+fallback drains as its requests end (its group can then be scaled to 0). A request that
+moves off a noticed or lost worker goes, in this order, to a worker outside that worker's
+pool (routable with room, else a promoted standby: in a correlated wave the rest of the
+pool is likely next), to the fallback, and only then to the rest of the same pool
+(`pool_tiers`).
+
 Requests that were already admitted and must move (`requeue`: their worker was noticed) are
 never refused: they go to the head of their class's queue even beyond its capacity, keep that
 place, and wait as long as it takes. They take places of the queue all the same: a new
@@ -43,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from common.messages import PoolLabels
 from common.requests import GenerationRequest, SlaClass
 from coordinator.errors import NoWorkerAvailable, NoWorkerInTime, QueueFull
 from coordinator.registry import Registry, WorkerEntry
@@ -53,6 +65,33 @@ log = logging.getLogger(__name__)
 
 # The order in which queues are served.
 SERVICE_ORDER = (SlaClass.INTERACTIVE, SlaClass.BATCH)
+
+Where = Callable[[WorkerEntry], bool]
+
+
+def _ordinary(entry: WorkerEntry) -> bool:
+    return not entry.pool.fallback
+
+
+def _fallback(entry: WorkerEntry) -> bool:
+    return entry.pool.fallback
+
+
+def pool_tiers(away_from: PoolLabels | None) -> list[Where]:
+    """Where a request that leaves a worker of pool ``away_from`` may go, best first: outside
+    that pool, then the on-demand fallback, then the rest of the pool. Without a pool (an
+    unlabelled worker, or a new request): the ordinary workers, then the fallback."""
+    if away_from is None or not away_from.name:
+        return [_ordinary, _fallback]
+    pool = away_from.name
+
+    def elsewhere(entry: WorkerEntry) -> bool:
+        return _ordinary(entry) and entry.pool.name != pool
+
+    def same_pool(entry: WorkerEntry) -> bool:
+        return _ordinary(entry) and entry.pool.name == pool
+
+    return [elsewhere, _fallback, same_pool]
 
 
 @dataclass(frozen=True)
@@ -181,7 +220,7 @@ class Admission:
         # Waiting requests of a class before this one could use no free slot (every release
         # pumps the queues), so a free slot this request fits is one they cannot take.
         if routable and not self._queues[sla]:
-            lease = self._place(request)
+            lease = self._place_new(request)
             if lease is not None:
                 ticket.future.set_result(lease)
                 return ticket
@@ -220,40 +259,62 @@ class Admission:
         """A stream of ``entry`` broke: nothing new goes there until it answers again."""
         self._registry.suspect(entry)
 
-    def place_elsewhere(self, request: GenerationRequest, exclude: frozenset[str]) -> Lease | None:
-        """A slot for a request that was already admitted and lost its worker: any routable
-        worker but ``exclude`` (addresses), caps ignored — dropping an accepted request is
-        worse than one sequence over a cap — promoting a standby when none is left."""
-        candidates = [
+    def place_elsewhere(
+        self,
+        request: GenerationRequest,
+        exclude: frozenset[str],
+        away_from: PoolLabels | None = None,
+    ) -> Lease | None:
+        """A slot for a request that was already admitted and lost its worker (of pool
+        ``away_from``): any routable worker but ``exclude`` (addresses), caps ignored —
+        dropping an accepted request is worse than one sequence over a cap — promoting a
+        standby when none is left; by `pool_tiers`."""
+        routable = [
             e
             for e in self._registry.routable()
             if e.address not in exclude and e.suspect_since_monotonic is None
         ]
-        if not candidates:
-            promoted = self._pool.promote_one(exclude)
-            candidates = [promoted] if promoted is not None else []
-        if not candidates:
-            return None
-        return self._lease(request, self._policy.choose(request, candidates))
+        for where in pool_tiers(away_from):
+            candidates = [e for e in routable if where(e)]
+            if not candidates:
+                promoted = self._pool.promote_one(exclude, where)
+                candidates = [promoted] if promoted is not None else []
+            if candidates:
+                return self._lease(request, self._policy.choose(request, candidates))
+        return None
 
-    def reserve(self, request: GenerationRequest, exclude: frozenset[str]) -> Lease | None:
-        """A slot for a request about to move (a staged migration's target): a routable
-        worker with room, else a promoted standby, else None (it then moves the plain way,
-        through `requeue`, once paused)."""
-        lease = self._place(request, exclude)
-        if lease is None:
-            promoted = self._pool.promote_one(exclude)
-            if promoted is not None:
-                lease = self._lease(request, promoted)
-        return lease
+    def reserve(
+        self,
+        request: GenerationRequest,
+        exclude: frozenset[str],
+        away_from: PoolLabels | None = None,
+    ) -> Lease | None:
+        """A slot for a request about to move off a worker of pool ``away_from`` (a staged
+        migration's target): a routable worker with room, else a promoted standby, tier by
+        tier (`pool_tiers`), else None (it then moves the plain way, through `requeue`,
+        once paused)."""
+        for where in pool_tiers(away_from):
+            lease = self._place(request, exclude, where)
+            if lease is None:
+                promoted = self._pool.promote_one(exclude, where)
+                if promoted is not None:
+                    lease = self._lease(request, promoted)
+            if lease is not None:
+                return lease
+        return None
 
-    def requeue(self, request: GenerationRequest, exclude: frozenset[str]) -> Ticket:
-        """A slot for a request that was already admitted and must move (its worker was
-        noticed): a routable worker with room, else a promoted standby, else the head of its
-        class's queue — beyond the queue's capacity, since the request was accepted once and
-        must never fail for want of room; it runs as soon as a slot frees."""
+    def requeue(
+        self,
+        request: GenerationRequest,
+        exclude: frozenset[str],
+        away_from: PoolLabels | None = None,
+    ) -> Ticket:
+        """A slot for a request that was already admitted and must move (its worker, of pool
+        ``away_from``, was noticed): as `reserve` finds one, else the head of its class's
+        queue — beyond the queue's capacity, since the request was accepted once and must
+        never fail for want of room; it runs as soon as a slot frees."""
         ticket = Ticket(request, enqueued_monotonic=self._registry.now(), moving=True)
-        lease = self.reserve(request, exclude)
+        lease = self.reserve(request, exclude, away_from)
         if lease is not None:
             ticket.future.set_result(lease)
             return ticket
@@ -279,7 +340,7 @@ class Admission:
                 if ticket.future.done():  # withdrawn meanwhile
                     queue.popleft()
                     continue
-                lease = self._place(ticket.request)
+                lease = self._place_new(ticket.request)
                 if lease is None and not self._registry.routable():
                     # Every worker is gone but requests wait: a standby that became ready
                     # since is theirs (standbys are only kept back while others serve).
@@ -303,14 +364,30 @@ class Admission:
         class_cap = self.class_cap(entry, sla)
         return not class_cap or entry.in_flight[sla] < class_cap
 
+    def _place_new(self, request: GenerationRequest) -> Lease | None:
+        """A new request's slot: an ordinary worker with room; with none left at all, a
+        promoted ordinary standby; only then the on-demand fallback."""
+        lease = self._place(request, where=_ordinary)
+        if lease is None and not any(_ordinary(e) for e in self._registry.routable()):
+            promoted = self._pool.promote_one(where=_ordinary)
+            if promoted is not None:
+                lease = self._lease(request, promoted)
+        if lease is None:
+            lease = self._place(request, where=_fallback)
+        return lease
+
     def _place(
-        self, request: GenerationRequest, exclude: frozenset[str] = frozenset()
+        self,
+        request: GenerationRequest,
+        exclude: frozenset[str] = frozenset(),
+        where: Where | None = None,
     ) -> Lease | None:
         candidates = [
             e
             for e in self._registry.routable()
             if e.suspect_since_monotonic is None
             and e.address not in exclude
+            and (where is None or where(e))
             and self._has_room(e, request.sla_class)
         ]
         if not candidates:

@@ -158,7 +158,9 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
         # A source that died mid-handshake: its staged target recovers it.
         lease = self._prepared(request.request_id)
         if lease is None:
-            lease = self._admission.place_elsewhere(request, frozenset({lost.entry.address}))
+            lease = self._admission.place_elsewhere(
+                request, frozenset({lost.entry.address}), lost.entry.pool
+            )
         if lease is None:
             raise RequestLost(f"no worker left to continue on after {why.detail}")
         log.warning(
@@ -190,7 +192,9 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
         lease = self._prepared(request.request_id)
         staged = lease is not None
         if lease is None:
-            ticket = self._admission.requeue(request, frozenset({source.entry.address}))
+            ticket = self._admission.requeue(
+                request, frozenset({source.entry.address}), source.entry.pool
+            )
             lease = await self._admission.wait(ticket)
         log.info(
             "request %s: migrating from %s to %s at index %d (%s)",
@@ -254,7 +258,7 @@ class RerouteFromScratch(FailoverPolicy, name="reroute"):
     ) -> Takeover:
         if attempt > self.MAX_ATTEMPTS:
             raise RequestLost(f"gave up after {self.MAX_ATTEMPTS} restarts: {why.detail}")
-        ticket = self._admission.requeue(request, frozenset({lost.entry.address}))
+        ticket = self._admission.requeue(request, frozenset({lost.entry.address}), lost.entry.pool)
         lease = await self._admission.wait(ticket)
         # A fresh id on the worker: the interrupted attempt may have left state under the
         # old one, and a restart must not pick it up. That state is dropped: nothing will

@@ -240,7 +240,9 @@ class Migrations:
         async with limit:
             if moving.finished or request_id in self._moves:
                 return
-            lease = self._admission.reserve(moving.request, frozenset({source.address}))
+            lease = self._admission.reserve(
+                moving.request, frozenset({source.address}), source.pool
+            )
             if lease is None:
                 log.warning(
                     "request %s: no worker has room to stage it on; it moves after the pause",

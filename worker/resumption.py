@@ -63,19 +63,8 @@ class Resumption:
         Raises RecordNotFound, CannotResume or InvalidRequest. A run of the request still
         going on here (its old caller gone unseen) is paused first
         (`RequestStreams.take_over`)."""
-        if delivered and len(delivered) != from_index:
-            raise InvalidRequest(
-                f"delivered_token_ids holds {len(delivered)} tokens but from_index is "
-                f"{from_index}: they are the client's tokens before it"
-            )
-        await self._streams.take_over(request_id, TAKE_OVER_WAIT_SECONDS)
-        self._streams.check_admission(request_id)
-        if self._ctx.store is None or self._ctx.committer is None:
-            raise CannotResume("this worker runs without a store (--redis-url); it cannot resume")
-        point = await asyncio.to_thread(
-            read_resume_point, self._ctx.store, request_id, self._ctx.fingerprint
-        )
-        point = point.continued_from(delivered)
+        point = await self._point(request_id, from_index, delivered)
+        assert self._ctx.committer is not None  # checked by _point
         if point.record.status is RequestStatus.FINISHED:
             # It ended before its caller got the end (that caller died, or its stream broke
             # after the last step): what the client lacks, from the store, and the end.
@@ -142,6 +131,24 @@ class Resumption:
                 trimmed = _from_index(chunk, from_index)
                 if trimmed is not None:
                     yield trimmed
+
+    async def _point(
+        self, request_id: str, from_index: int, delivered: tuple[int, ...]
+    ) -> ResumePoint:
+        """Where the request continues from: the store's state, as its client saw it."""
+        if delivered and len(delivered) != from_index:
+            raise InvalidRequest(
+                f"delivered_token_ids holds {len(delivered)} tokens but from_index is "
+                f"{from_index}: they are the client's tokens before it"
+            )
+        await self._streams.take_over(request_id, TAKE_OVER_WAIT_SECONDS)
+        self._streams.check_admission(request_id)
+        if self._ctx.store is None or self._ctx.committer is None:
+            raise CannotResume("this worker runs without a store (--redis-url); it cannot resume")
+        point = await asyncio.to_thread(
+            read_resume_point, self._ctx.store, request_id, self._ctx.fingerprint
+        )
+        return point.continued_from(delivered)
 
     def _finished_chunk(self, point: ResumePoint, from_index: int) -> TokenChunk:
         name = point.record.finish_reason

@@ -33,6 +33,19 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--memory-gib", type=float, default=1.0, help="per worker")
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/spotinfer-cluster"))
+    parser.add_argument(
+        "--zones",
+        default="",
+        help="spread the spot nodes over these zones (comma-separated, e.g. a,b); each node's "
+        "pool labels name its zone",
+    )
+    parser.add_argument(
+        "--fallback-nodes",
+        type=int,
+        default=0,
+        help="on-demand fallback nodes: routed to only while the spot nodes cannot hold the "
+        "load; never noticed by a drill",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -50,7 +63,7 @@ def register(subparsers: Any) -> None:
     drill.add_argument(
         "scenario",
         help="notice | sigterm | drain | scale-in (aws) | abrupt | redis-restart | coordinator-restart "
-        "| rolling | storm | trace",
+        "| rolling | storm | correlated | zone (--zones a,b) | trace",
     )
     _cluster_arguments(drill)
     drill.add_argument("--policy", choices=("spotinfer", "reroute"), default="spotinfer")
@@ -120,6 +133,8 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
             max_model_len=args.max_model_len,
             memory_gib=args.memory_gib,
             log_dir=args.log_dir,
+            zones=tuple(z.strip() for z in args.zones.split(",")) if args.zones else (),
+            fallback_nodes=args.fallback_nodes,
             **extra,
         )
     except ValueError as exc:

@@ -28,6 +28,8 @@ MID_STREAM_TOKENS = 24  # a request "is mid-stream" once it has this many tokens
 WAIT_MID_STREAM_SECONDS = 300.0
 # abrupt: tokens kept between the kill and the first chunk boundary (short outputs)
 KILL_MARGIN_TOKENS = 32
+# correlated: every spot node's notice within this many seconds of the first
+CORRELATED_WAVE_SECONDS = 1.5
 
 
 @dataclass
@@ -282,6 +284,48 @@ class Storm(Scenario, name="storm"):
         )
 
 
+class Correlated(Scenario, name="correlated"):
+    """A pool-wide reclaim: every spot node (active and standby) gets its notice within
+    `CORRELATED_WAVE_SECONDS` of the first, as spot VMs of one type in one zone mostly do.
+    Only an on-demand fallback node (if the cluster has one) is left to move to; spot
+    capacity comes back as one replacement node that boots in the background, within the
+    coordinator's capacity wait, so without a fallback the moving requests wait for it."""
+
+    expect_zero_recompute = True
+
+    def disturb(self, ctx: DrillContext) -> None:
+        ctx.wait_mid_stream()
+        wave = [n.name for n in ctx.cluster.spot_nodes()]
+        gap = CORRELATED_WAVE_SECONDS / max(1, len(wave) - 1)
+        for i, name in enumerate(wave):
+            if i:
+                time.sleep(gap)
+            ctx.preempt_then_terminate([name])
+        fallback = [n.name for n in ctx.cluster.active_nodes() if n.fallback]
+        ctx.notes.append(
+            f"correlated wave: {len(wave)} spot node(s) noticed within "
+            f"{CORRELATED_WAVE_SECONDS:g} s; on-demand fallback: {', '.join(fallback) or 'none'}"
+        )
+        ctx.in_background(ctx.cluster.add_standby)
+
+
+class ZoneOutage(Scenario, name="zone"):
+    """Every spot node of one zone (the first serving node's) noticed at once: its requests
+    must move to the other zones, not to a node of the zone that is going."""
+
+    expect_zero_recompute = True
+
+    def disturb(self, ctx: DrillContext) -> None:
+        zones = ctx.cluster.config.zones
+        if len(zones) < 2:
+            raise ValueError("the zone scenario needs a cluster over two zones (--zones a,b)")
+        ctx.wait_mid_stream()
+        zone = ctx.cluster.spot_nodes()[0].zone
+        wave = [n.name for n in ctx.cluster.spot_nodes() if n.zone == zone]
+        ctx.notes.append(f"zone {zone} lost: {', '.join(wave)} noticed")
+        ctx.preempt_then_terminate(wave)
+
+
 class Trace(Scenario, name="trace"):
     """Replays a spot availability trace (SpotServe's format) mapped onto the cluster by
     fraction (`TraceScale`): `remove` notices the same share of the serving nodes, with the
@@ -304,13 +348,13 @@ class Trace(Scenario, name="trace"):
                     if action != "add":
                         raise ValueError(f"the trace starts with {action!r}, not with its fleet")
                     # The cluster's initial nodes stand for the trace's first wave.
-                    scale = TraceScale.first_wave(names, len(ctx.cluster.active_nodes()))
+                    scale = TraceScale.first_wave(names, len(ctx.cluster.spot_nodes()))
                 elif action == "add":
                     # New VMs boot in the background; the trace's clock does not wait.
                     for _ in range(scale.add(names, at)):
                         ctx.in_background(ctx.cluster.add_standby)
                 elif action == "remove":
-                    serving = [n.name for n in ctx.cluster.active_nodes()]
+                    serving = [n.name for n in ctx.cluster.spot_nodes()]
                     taken = scale.remove(names, len(serving), at)
                     if taken:
                         # Active nodes first (active_nodes' order): the wave hits load.

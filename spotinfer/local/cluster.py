@@ -81,10 +81,20 @@ class ClusterConfig:
     # log_dir/tls when the cluster starts); False: plaintext and no keys, as in the tests.
     secure: bool = True
     log_dir: Path = field(default_factory=lambda: Path("/tmp/spotinfer-cluster"))
+    # The zones the spot nodes are spread over, each node in the least filled one (its pool
+    # labels say so at registration); empty: one unnamed zone.
+    zones: tuple[str, ...] = ()
+    # On-demand fallback nodes (no `spot` pool label): the coordinator routes to them only
+    # while the spot nodes cannot hold the load; a drill's waves never notice them.
+    fallback_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError("a cluster needs at least one active worker (--workers)")
+        if self.fallback_nodes < 0:
+            raise ValueError("--fallback-nodes must not be negative")
+        if len(set(self.zones)) != len(self.zones) or not all(self.zones):
+            raise ValueError(f"zones must be distinct names, got {self.zones!r}")
         if self.standbys < 0:
             raise ValueError("--standbys must not be negative")
         if self.cloud not in CLOUDS:
@@ -125,6 +135,8 @@ class Node:
     worker: WorkerProcess
     daemon: DaemonProcess | None = None
     alive: bool = True
+    zone: str = ""
+    fallback: bool = False  # an on-demand fallback node, not a spot one
 
 
 class LocalCluster:
@@ -178,6 +190,9 @@ class LocalCluster:
             self._start_coordinator()
             roles = ["active"] * self.config.workers + ["standby"] * self.config.standbys
             self._start_nodes([(self._new_name(), role) for role in roles])
+            if self.config.fallback_nodes:
+                names = [self._new_name() for _ in range(self.config.fallback_nodes)]
+                self._start_nodes([(name, "active") for name in names], fallback=True)
         except BaseException:
             self.stop()
             raise
@@ -213,10 +228,16 @@ class LocalCluster:
         ).start()
         self._say(f"coordinator at {self.coordinator.address} (HTTP {self.coordinator.http_url})")
 
-    def _start_nodes(self, names_and_roles: list[tuple[str, str]]) -> list[Node]:
+    def _start_nodes(
+        self, names_and_roles: list[tuple[str, str]], fallback: bool = False
+    ) -> list[Node]:
         """Workers load in parallel (the slow part), then daemons, then registration. Returns
         the nodes that joined: none when the cluster was stopped while they loaded."""
-        nodes = [self._new_node(name, role) for name, role in names_and_roles]
+        zones = self._zones_for(len(names_and_roles))
+        nodes = [
+            self._new_node(name, role, zone, fallback)
+            for (name, role), zone in zip(names_and_roles, zones, strict=True)
+        ]
         with self._lock:
             if self._stopped:
                 for node in nodes:
@@ -260,6 +281,25 @@ class LocalCluster:
             self._say(f"{node.name} ({node.role}) ready: worker {node.worker.address}")
         return nodes
 
+    def _zones_for(self, count: int) -> list[str]:
+        """Zones for ``count`` new nodes: each in the zone with the fewest serving spot nodes
+        (live, not noticed), counting the ones being placed."""
+        if not self.config.zones:
+            return [""] * count
+        with self._lock:
+            serving = [
+                n
+                for n in [*self.nodes.values(), *self._loading]
+                if n.alive and n.role != "preempted" and not n.fallback
+            ]
+        filled = {zone: sum(1 for n in serving if n.zone == zone) for zone in self.config.zones}
+        chosen = []
+        for _ in range(count):
+            zone = min(self.config.zones, key=lambda z: filled[z])  # the first of a tie
+            filled[zone] += 1
+            chosen.append(zone)
+        return chosen
+
     def _store_flags(self, role: Role) -> tuple[str, ...]:
         """How a process of ``role`` reaches Redis: as its own ACL user over TLS on our own
         locked-down server, else the plain URL it was given."""
@@ -286,7 +326,7 @@ class LocalCluster:
             self._next_node += 1
         return name
 
-    def _new_node(self, name: str, role: str) -> Node:
+    def _new_node(self, name: str, role: str, zone: str = "", fallback: bool = False) -> Node:
         # Azure names the VM an event is for (compute/name): the daemon's --azure-vm-name.
         identity = InstanceIdentity(instance_id=name) if self.config.cloud == "azure" else None
         metadata = metadata_server_for(self.config.cloud, identity).__enter__()
@@ -304,7 +344,9 @@ class LocalCluster:
             metrics=True,
             transport=self.secrets.operator_transport,
         )
-        return Node(name=name, role=role, metadata=metadata, worker=worker)
+        return Node(
+            name=name, role=role, metadata=metadata, worker=worker, zone=zone, fallback=fallback
+        )
 
     def _daemon_for(self, node: Node) -> DaemonProcess:
         return DaemonProcess(
@@ -336,7 +378,13 @@ class LocalCluster:
             else control_pb2.WORKER_ROLE_ACTIVE
         )
         request = control_pb2.RegisterWorkerRequest(
-            worker_id=node.name, address=node.worker.address, role=role
+            worker_id=node.name,
+            address=node.worker.address,
+            role=role,
+            # What a VM of a real fleet says: its zone, and spot or on demand (the fallback).
+            pool=control_pb2.PoolLabels(
+                cloud=self.config.cloud, zone=node.zone, spot=not node.fallback
+            ),
         )
         if node.daemon is not None and "daemon_address" in request.DESCRIPTOR.fields_by_name:
             request.daemon_address = node.daemon.address  # type: ignore[attr-defined]
@@ -419,13 +467,18 @@ class LocalCluster:
         return int(total)
 
     def active_nodes(self) -> list[Node]:
-        """Nodes that can serve (alive, not under a notice): active ones first — as the
-        coordinator sees them, since it promotes standbys by itself — then standbys."""
+        """Nodes that can serve (alive, not under a notice): spot nodes before on-demand
+        fallback ones, and among them active ones first — as the coordinator sees them,
+        since it promotes standbys by itself — then standbys."""
         serving = [n for n in list(self.nodes.values()) if n.alive and n.role != "preempted"]
         active = self._active_worker_ids()
         if active is None:  # the coordinator does not answer (restarting): our own roles
-            return sorted(serving, key=lambda n: n.role != "active")
-        return sorted(serving, key=lambda n: n.name not in active)
+            return sorted(serving, key=lambda n: (n.fallback, n.role != "active"))
+        return sorted(serving, key=lambda n: (n.fallback, n.name not in active))
+
+    def spot_nodes(self) -> list[Node]:
+        """The serving nodes a cloud can take away (`active_nodes` but the fallback)."""
+        return [n for n in self.active_nodes() if not n.fallback]
 
     def _active_worker_ids(self) -> set[str] | None:
         import grpc

@@ -281,6 +281,90 @@ def test_storm(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-unty
     assert len([e for e in cluster.events if e.kind == "notice"]) == 2
 
 
+def _migrated_once_to(traces: list[RequestTrace], lost: set[str], allowed: set[str]) -> int:
+    """Requests that had tokens from a ``lost`` node: each moved once (one MIGRATED event)
+    and finished on an ``allowed`` node. Returns how many there were."""
+    moved = [t for t in traces if lost & set(t.token_workers)]
+    for trace in moved:
+        kinds = [e.kind for e in trace.events]
+        assert kinds.count("migrated") == 1, (trace.request_id, kinds)
+        assert trace.token_workers[-1] in allowed, (trace.request_id, trace.token_workers[-1])
+    return len(moved)
+
+
+def test_correlated_wave_with_an_on_demand_fallback(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Every spot node (the active one and its standby) noticed within 2 s: the standby is
+    no refuge. The one on-demand fallback node takes every moving request, nothing is
+    recomputed, and each moves once."""
+    cluster = cluster_factory(workers=1, standbys=1, fallback_nodes=1)
+    outcome = _drill(
+        cluster,
+        tmp_path,
+        scenario="correlated",
+        requests=8,
+        output_tokens=(600, 600),
+        time_scale=0.05,
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    notices = _notices(cluster)
+    (fallback,) = [n.name for n in cluster.nodes.values() if n.fallback]
+    assert {e.target for e in notices} == {"node-0", "node-1"}, "every spot node"
+    assert max(e.time for e in notices) - min(e.time for e in notices) <= 2.0
+    joined = {e.target for e in cluster.events if e.kind == "join"}
+    moved = _migrated_once_to(outcome.traces, {"node-0"}, {fallback} | joined)
+    assert moved == outcome.report.migrations > 0
+    assert any(t.token_workers[-1] == fallback for t in outcome.traces)
+    assert any(f"on-demand fallback: {fallback}" in n for n in outcome.report.notes)
+
+
+def test_correlated_wave_without_a_fallback_waits_for_the_replacement(
+    cluster_factory,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """No node is left when the wave has passed (a request that moved to the standby before
+    its own notice came moves on or ends there): the requests that arrive meanwhile wait,
+    within the coordinator's capacity wait, for the replacement that boots, and none is
+    lost."""
+    cluster = cluster_factory(
+        workers=1,
+        standbys=1,
+        coordinator_flags=("--record-retention-seconds", "1", "--capacity-wait-seconds", "300"),
+    )
+    outcome = _drill(
+        cluster,
+        tmp_path,
+        scenario="correlated",
+        requests=12,
+        rate_per_second=1.0,
+        output_tokens=(600, 600),
+        time_scale=0.05,
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    (joined,) = [e.target for e in cluster.events if e.kind == "join"]
+    assert outcome.report.migrations > 0
+    wave_end = max(e.time for e in _notices(cluster))
+    late = [t for t in outcome.traces if t.sent_at > wave_end]
+    assert late, "requests arrived in the gap"
+    # Each waited for the replacement (one placed on the standby just before its notice
+    # was heard moved there too).
+    assert all(t.token_workers[-1] == joined for t in late), [t.token_workers[-1] for t in late]
+
+
+def test_zone_outage_moves_every_request_to_the_other_zone(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two zones; every node of the serving node's zone is noticed at once (its standby
+    too): each request moves once, to the other zone, with nothing recomputed."""
+    cluster = cluster_factory(workers=1, standbys=2, zones=("zone-a", "zone-b"))
+    zone_of = {n.name: n.zone for n in cluster.nodes.values()}
+    assert zone_of == {"node-0": "zone-a", "node-1": "zone-b", "node-2": "zone-a"}
+    outcome = _drill(
+        cluster, tmp_path, scenario="zone", requests=8, output_tokens=(600, 600), time_scale=0.05
+    )
+    _assert_invariants(outcome, zero_recompute=True)
+    assert {e.target for e in _notices(cluster)} == {"node-0", "node-2"}
+    moved = _migrated_once_to(outcome.traces, {"node-0"}, {"node-1"})
+    assert moved == outcome.report.migrations > 0
+
+
 def test_rolling(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # Two preemptions 10 s apart with two warm standbys: each notice finds one ready, while
     # the replacements boot in the background. Arrivals span 24 s and keep ~5 requests in
