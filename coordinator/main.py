@@ -19,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from coordinator.failover import FailoverPolicy
     from coordinator.routing import RoutingPolicy
     from coordinator.server import serve
+    from store.redis_store import refuse_evicting_store
 
     try:
         resolved = CONFIG_SOURCE.resolve(args)
@@ -41,4 +42,6 @@ def run(args: argparse.Namespace) -> int:
         )
     if config.model and not (Path(config.model) / "config.json").exists():
         raise UserError(f"--model {config.model}: not a model folder (no config.json)")
+    if config.store.url:
+        refuse_evicting_store(config.store)
     return asyncio.run(serve(config))

@@ -47,6 +47,7 @@ class Access(enum.Enum):
 # CLIENT SETINFO is left out: it ignores a refusal, and Redis before 7.2 has no such command.)
 _CONNECTION_COMMANDS = (
     "ping",
+    "info",  # INFO memory at start: a store that may evict records is refused (eviction.py)
     "hello",
     "auth",
     "select",

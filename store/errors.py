@@ -6,7 +6,7 @@ import enum
 
 import grpc
 
-from common.errors import ServiceError
+from common.errors import ServiceError, UserError
 
 
 class StoreError(ServiceError):
@@ -24,6 +24,11 @@ class StoreUnavailable(StoreError):
     grpc_code = grpc.StatusCode.UNAVAILABLE
     http_status = 503
     http_type = "service_unavailable"
+
+
+class EvictingStore(StoreError, UserError):
+    """Redis is set to evict keys under memory pressure: request records, which all carry
+    TTLs, could vanish mid-request. A process refuses such a store at start."""
 
 
 class RequestNotFound(StoreError):

@@ -157,6 +157,22 @@ class RedisLink:
         with self.translate_errors():
             self._client.ping()
 
+    def memory_settings(self) -> list[tuple[str, str, int]]:
+        """(node, maxmemory-policy, maxmemory bytes) of the server, or of every master of a
+        cluster, from INFO memory."""
+        with self.translate_errors():
+            if isinstance(self._client, redis.RedisCluster):
+                answers = self._client.info("memory", target_nodes=redis.RedisCluster.PRIMARIES)
+                per_node = dict(answers) if isinstance(answers, dict) else {}
+                if per_node and "maxmemory_policy" in per_node:  # one master: one dict
+                    per_node = {"the cluster": per_node}
+            else:
+                per_node = {"the server": self._client.info("memory")}
+        return [
+            (str(node), str(info.get("maxmemory_policy", "")), int(info.get("maxmemory", 0)))
+            for node, info in per_node.items()
+        ]
+
     def close(self) -> None:
         self._client.close()
 

@@ -39,6 +39,7 @@ from store.errors import (
     RequestNotFound,
     StoreUnavailable,
 )
+from store.eviction import check_eviction_policy
 from store.lua_scripts import (
     ATTACH_BLOCK,
     COMMIT_TOKENS,
@@ -238,6 +239,10 @@ class RedisStore:
     def ping(self) -> None:
         """Raise StoreUnavailable unless Redis answers."""
         self._link.ping()
+
+    def check_eviction_policy(self) -> None:
+        """Raises EvictingStore when Redis may evict keys (see store/eviction.py)."""
+        check_eviction_policy(self._link, self._config.url)
 
     def is_available(self) -> bool:
         try:
@@ -574,3 +579,18 @@ class RedisStore:
 
     def _run(self, commands: Sequence[Command]) -> list[Any]:
         return self._link.run(commands)
+
+
+def refuse_evicting_store(config: StoreConfig) -> None:
+    """At a process's start: raises EvictingStore (a UserError too) when the store on
+    ``config`` may evict request records; see store/eviction.py. A store it cannot reach,
+    or a configuration the process will refuse anyway, is left to the process."""
+    try:
+        store = RedisStore.from_config(config)
+    except (StoreUnavailable, ValueError, OSError) as exc:
+        log.warning("could not check Redis's eviction policy: %s", exc)
+        return
+    try:
+        store.check_eviction_policy()
+    finally:
+        store.close()

@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from store.redis_store import refuse_evicting_store
     from worker.server import serve
 
     try:
@@ -36,4 +37,6 @@ def run(args: argparse.Namespace) -> int:
     model_path = Path(config.model)
     if (model_path.is_absolute() or config.model.startswith(".")) and not model_path.exists():
         raise UserError(f"model folder {config.model} does not exist")
+    if config.store.url:
+        refuse_evicting_store(config.store)
     return asyncio.run(serve(config))

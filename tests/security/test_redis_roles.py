@@ -221,3 +221,13 @@ def test_tenants_never_share_a_block(stores: dict[Role, RedisStore]) -> None:
     a_reads = block_reads(a_id, FORMAT, tokens, tenant="a")
     assert not {r.key for r in a_reads if r.is_full} & {r.key for r in b_reads if r.is_full}
     assert worker.blocks_present([r.prefix_hash for r in b_reads if r.is_full]) == [False] * 2
+
+
+def test_every_role_can_read_the_eviction_policy_it_is_checked_against(
+    stores: dict[Role, RedisStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    """INFO memory is each role's: the start-time check (store/eviction.py) reads the policy
+    as the process's own user, and is not left unable to tell."""
+    for store in stores.values():
+        store.check_eviction_policy()
+    assert "could not check" not in caplog.text
