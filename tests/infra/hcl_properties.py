@@ -224,6 +224,28 @@ def check_aws_redis_tls_auth(module: TerraformModule) -> list[str]:
     return violations
 
 
+def check_aws_redis_noeviction(module: TerraformModule) -> list[str]:
+    """Every ElastiCache group uses a parameter group whose maxmemory-policy is noeviction
+    (the default, volatile-lru, can evict request records: the processes refuse it)."""
+    groups = module.of_type("aws_elasticache_replication_group")
+    parameter_groups = module.of_type("aws_elasticache_parameter_group")
+    violations = []
+    for name, body in groups.items():
+        reference = str(body.get("parameter_group_name", ""))
+        target = reference.removeprefix("${").removesuffix("}").split(".")
+        if len(target) < 2 or target[0] != "aws_elasticache_parameter_group":
+            violations.append(f"aws_elasticache_replication_group.{name}: default parameters")
+            continue
+        parameters = _blocks(parameter_groups.get(target[1], {}), "parameter")
+        policy = {p.get("name"): p.get("value") for p in parameters}.get("maxmemory-policy")
+        if policy != "noeviction":
+            violations.append(
+                f"aws_elasticache_replication_group.{name}: maxmemory-policy {policy}, "
+                "not noeviction"
+            )
+    return violations
+
+
 def check_aws_fis_spot_drill(module: TerraformModule, fleet_tag_key: str) -> list[str]:
     """An FIS template sends spot interruptions to spot instances tagged with the fleet."""
     for name, body in module.of_type("aws_fis_experiment_template").items():
@@ -342,6 +364,20 @@ def check_gcp_redis_tls_auth(module: TerraformModule) -> list[str]:
             violations.append(f"google_redis_instance.{name}: AUTH is off")
         if module.resolve(body.get("transit_encryption_mode")) != "SERVER_AUTHENTICATION":
             violations.append(f"google_redis_instance.{name}: no TLS in transit")
+    return violations
+
+
+def check_gcp_redis_noeviction(module: TerraformModule) -> list[str]:
+    """Memorystore's maxmemory-policy is noeviction (its default, volatile-lru, can evict
+    request records: the processes refuse it)."""
+    violations = []
+    for name, body in module.of_type("google_redis_instance").items():
+        configs = module.resolve(body.get("redis_configs")) or {}
+        policy = configs.get("maxmemory-policy") if isinstance(configs, dict) else None
+        if policy != "noeviction":
+            violations.append(
+                f"google_redis_instance.{name}: maxmemory-policy {policy}, not noeviction"
+            )
     return violations
 
 

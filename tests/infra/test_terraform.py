@@ -30,6 +30,7 @@ AWS_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
     "fallback group": hcl.check_aws_fallback_group,
     "imdsv2": hcl.check_aws_imdsv2,
     "redis tls auth": hcl.check_aws_redis_tls_auth,
+    "redis noeviction": hcl.check_aws_redis_noeviction,
     "no open ingress": hcl.check_no_open_ingress,
     "client ranges guarded": lambda module: hcl.check_client_ranges_guarded(
         module, ["client_cidrs"]
@@ -42,6 +43,7 @@ GCP_CHECKS: dict[str, Callable[[hcl.TerraformModule], list[str]]] = {
     "spot template": lambda module: hcl.check_gcp_spot_template(module, LONG_NOTICE_SECONDS),
     "fallback group": hcl.check_gcp_fallback_group,
     "redis tls auth": hcl.check_gcp_redis_tls_auth,
+    "redis noeviction": hcl.check_gcp_redis_noeviction,
     "no open ingress": hcl.check_no_open_ingress,
     "client ranges guarded": lambda module: hcl.check_client_ranges_guarded(
         module, ["client_source_ranges", "internal_client_ranges"]
@@ -268,6 +270,30 @@ MUTATIONS = [
         "",
         "redis tls auth",
         "AUTH",
+    ),
+    (
+        "aws",
+        "redis.tf",
+        'value = "noeviction"',
+        'value = "volatile-lru"',
+        "redis noeviction",
+        "volatile-lru",
+    ),
+    (
+        "aws",
+        "redis.tf",
+        "  parameter_group_name = aws_elasticache_parameter_group.kv.name\n",
+        "",
+        "redis noeviction",
+        "default parameters",
+    ),
+    (
+        "gcp",
+        "redis.tf",
+        'maxmemory-policy = "noeviction"',
+        'maxmemory-policy = "allkeys-lru"',
+        "redis noeviction",
+        "allkeys-lru",
     ),
     (
         "aws",

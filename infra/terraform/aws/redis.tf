@@ -29,6 +29,22 @@ resource "aws_elasticache_subnet_group" "kv" {
   tags       = local.tags
 }
 
+# The store must never evict: every request record carries a TTL, so ElastiCache's default
+# maxmemory-policy (volatile-lru) could take a running request's record under memory
+# pressure. Workers and the coordinator refuse a store that may evict (store/eviction.py).
+resource "aws_elasticache_parameter_group" "kv" {
+  name        = "${var.name}-kv"
+  family      = "redis${split(".", var.redis_engine_version)[0]}"
+  description = "spotinfer ${var.name}: full means refused writes, never evicted keys"
+
+  parameter {
+    name  = "maxmemory-policy"
+    value = "noeviction"
+  }
+
+  tags = local.tags
+}
+
 resource "aws_elasticache_replication_group" "kv" {
   replication_group_id = "${var.name}-kv"
   description          = "spotinfer ${var.name}: generated tokens and KV-cache blocks"
@@ -39,6 +55,7 @@ resource "aws_elasticache_replication_group" "kv" {
   port                 = 6379
   subnet_group_name    = aws_elasticache_subnet_group.kv.name
   security_group_ids   = [aws_security_group.redis.id]
+  parameter_group_name = aws_elasticache_parameter_group.kv.name
 
   automatic_failover_enabled = var.redis_node_count > 1
   multi_az_enabled           = var.redis_node_count > 1

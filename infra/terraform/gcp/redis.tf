@@ -17,6 +17,12 @@ resource "google_redis_instance" "kv" {
   auth_enabled            = true
   transit_encryption_mode = "SERVER_AUTHENTICATION"
 
+  # Never evict (Memorystore's default is volatile-lru): every request record carries a TTL,
+  # and workers and the coordinator refuse a store that may evict one (store/eviction.py).
+  redis_configs = {
+    maxmemory-policy = "noeviction"
+  }
+
   labels = local.labels
 }
 
