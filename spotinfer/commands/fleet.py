@@ -3,6 +3,7 @@
     spotinfer fleet list    --cloud aws --fleet-name prod --region us-east-1
     spotinfer fleet scale   --cloud gcp --fleet-name prod --region us-central1 --project p --workers 6
     spotinfer fleet fallback --cloud aws ... [--workers N]     (on-demand fallback group)
+    spotinfer fleet fallback --cloud aws ... --auto [--every S] (size it from the spot side)
     spotinfer fleet replace --cloud aws ... i-0abc i-0def      (or --lost)
     spotinfer fleet drill   --cloud aws ...                    (FIS spot interruption)
     spotinfer fleet drill   --cloud gcp ... [--target NAME]    (simulateMaintenanceEvent)
@@ -16,18 +17,22 @@ The location flags (--fleet-name, --region, ...) are derived from the fields of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import signal
 import sys
+import threading
 import time
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from common.errors import UserError
 from spotinfer.fleet.adapter import Fleet, connect_fleet, fleet_class, registered_clouds
 from spotinfer.fleet.config import AwsFleetConfig, GcpFleetConfig
 from spotinfer.fleet.errors import FleetError
+from spotinfer.fleet.fallback import FallbackDecision, autoscale_fallback, autoscale_rounds
 
 DRILL_POLL_INTERVAL_SECONDS = 10.0
 
@@ -85,6 +90,18 @@ def register(subparsers: Any) -> None:
         "--workers",
         default=None,
         help="the number of fallback workers wanted (0 releases them); without it, show the group",
+    )
+    fallback.add_argument(
+        "--auto",
+        action="store_true",
+        help="size the group from the spot side: cover the spot workers' shortfall (up to its "
+        "maximum), release it all once they are back",
+    )
+    fallback.add_argument(
+        "--every",
+        default=None,
+        metavar="SECONDS",
+        help="with --auto: repeat every SECONDS until interrupted (SIGINT / SIGTERM)",
     )
     fallback.set_defaults(func=run_fallback)
 
@@ -216,6 +233,13 @@ def run_scale(args: argparse.Namespace) -> int:
 
 
 def run_fallback(args: argparse.Namespace) -> int:
+    if args.every is not None and not args.auto:
+        raise UserError("--every repeats --auto; pass --auto too")
+    if args.auto and args.workers is not None:
+        raise UserError("--auto sizes the fallback group itself; drop --workers")
+    if args.auto:
+        every_seconds = None if args.every is None else _whole_number("--every", args.every, 1)
+        return _autoscale(_connect(args), every_seconds, args.json)
     worker_count = None if args.workers is None else _whole_number("--workers", args.workers)
     fleet = _connect(args)
     try:
@@ -227,6 +251,54 @@ def run_fallback(args: argparse.Namespace) -> int:
         raise UserError(str(error)) from error
     print(f"asked {args.cloud} for {worker_count} fallback workers")
     return 0
+
+
+def _print_decision(decision: FallbackDecision, as_json: bool, stamped: bool) -> None:
+    if as_json:
+        print(json.dumps(decision.as_row()), flush=True)
+        return
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S ") if stamped else ""
+    print(f"{stamp}{decision.describe()}", flush=True)
+
+
+def _autoscale(fleet: Fleet, every_seconds: int | None, as_json: bool) -> int:
+    if every_seconds is None:
+        try:
+            decision = autoscale_fallback(fleet)
+        except FleetError as error:
+            raise UserError(str(error)) from error
+        _print_decision(decision, as_json, stamped=False)
+        return 0
+    stop = threading.Event()
+    with _stopped_by_signals(stop):
+        for outcome in autoscale_rounds(fleet, every_seconds, stop):
+            if isinstance(outcome, FleetError):
+                print(
+                    f"fallback round failed, retrying in {every_seconds} s: {outcome}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            else:
+                _print_decision(outcome, as_json, stamped=True)
+    print("stopped", file=sys.stderr)
+    return 0
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop`` while inside; the previous handlers come back after."""
+
+    def handle(signum: int, frame: Any) -> None:
+        # Set from another thread: the handler runs in the main thread, which may hold the
+        # Event's (non-reentrant) lock inside stop.wait() at that moment.
+        threading.Thread(target=stop.set, daemon=True).start()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_replace(args: argparse.Namespace) -> int:

@@ -11,7 +11,12 @@ from spotinfer.fleet.aws_events import notice_from_event
 from spotinfer.fleet.config import AwsFleetConfig, GcpFleetConfig
 from spotinfer.fleet.drill import DrillRun, DrillState
 from spotinfer.fleet.errors import FleetError, FleetEventError
-from spotinfer.fleet.fallback import FallbackCapacity, fallback_count_wanted
+from spotinfer.fleet.fallback import (
+    FallbackCapacity,
+    FallbackDecision,
+    autoscale_fallback,
+    fallback_count_wanted,
+)
 from spotinfer.fleet.gcp import GcpFleet
 from spotinfer.fleet.instance import FleetInstance, InstanceState, Lifecycle
 from spotinfer.fleet.notice import FleetNotice
@@ -22,6 +27,7 @@ __all__ = [
     "DrillRun",
     "DrillState",
     "FallbackCapacity",
+    "FallbackDecision",
     "Fleet",
     "FleetError",
     "FleetEventError",
@@ -31,6 +37,7 @@ __all__ = [
     "GcpFleetConfig",
     "InstanceState",
     "Lifecycle",
+    "autoscale_fallback",
     "connect_fleet",
     "fallback_count_wanted",
     "fleet_class",

@@ -23,14 +23,16 @@ _REGISTRY: dict[str, type[Fleet]] = {}
 class Fleet(abc.ABC):
     """One cloud's view of a spotinfer worker fleet.
 
-    Side effects: ``list_workers``, ``fallback_capacity`` and ``drill_status`` only read.
+    Side effects: ``list_workers``, ``capacity``, ``fallback_capacity`` and ``drill_status``
+    only read.
     ``set_capacity``, ``set_fallback_capacity``, ``replace``, ``replace_lost`` and
     ``start_drill`` change the fleet and return once the cloud has accepted the request, not
     when it is carried out. Invariant: every method raises FleetError (never a client
     library's exception) when the cloud refuses.
 
-    ``set_capacity``, ``replace`` and ``replace_lost`` act on the spot workers' group;
-    ``list_workers`` lists the workers of both groups.
+    ``capacity``, ``set_capacity``, ``replace`` and ``replace_lost`` act on the spot workers'
+    group; ``list_workers`` lists the workers of both groups, telling them apart by
+    ``FleetInstance.is_fallback``.
     """
 
     cloud: ClassVar[str]
@@ -52,6 +54,11 @@ class Fleet(abc.ABC):
     @abc.abstractmethod
     def list_workers(self) -> list[FleetInstance]:
         """The fleet's worker VMs (found by tag / label), sorted by id."""
+
+    @abc.abstractmethod
+    def capacity(self) -> int:
+        """The workers asked for (Auto Scaling desired capacity / MIG target size), not
+        necessarily running."""
 
     @abc.abstractmethod
     def set_capacity(self, worker_count: int) -> None:

@@ -79,6 +79,8 @@ def _call(what: str, request: Callable[[], T]) -> T:
 
 def _instance_from_ec2(description: Mapping[str, Any]) -> FleetInstance:
     is_spot = description.get("InstanceLifecycle") == "spot"
+    # The fallback group propagates its tier tag to the instances it launches.
+    is_fallback = _is_fallback(description)
     return FleetInstance(
         instance_id=description["InstanceId"],
         zone=description.get("Placement", {}).get("AvailabilityZone", ""),
@@ -86,13 +88,15 @@ def _instance_from_ec2(description: Mapping[str, Any]) -> FleetInstance:
         lifecycle=Lifecycle.SPOT if is_spot else Lifecycle.ON_DEMAND,
         machine_type=description.get("InstanceType", ""),
         private_ip=description.get("PrivateIpAddress"),
+        is_fallback=is_fallback,
     )
 
 
-def _is_fallback(group: Mapping[str, Any]) -> bool:
+def _is_fallback(resource: Mapping[str, Any]) -> bool:
+    """An Auto Scaling group or EC2 instance tagged as the fallback tier."""
     return any(
         tag.get("Key") == TIER_TAG_KEY and tag.get("Value") == FALLBACK_TIER
-        for tag in group.get("Tags", [])
+        for tag in resource.get("Tags", [])
     )
 
 
@@ -183,6 +187,10 @@ class AwsFleet(Fleet, cloud="aws"):
             )
         group: dict[str, Any] = groups[0]
         return group
+
+    def capacity(self) -> int:
+        desired: int = self._group()["DesiredCapacity"]
+        return desired
 
     def set_capacity(self, worker_count: int) -> None:
         group = self._group()

@@ -3,14 +3,23 @@
 The fallback is an optional second worker group of on-demand VMs (Terraform
 ``fallback_max_count``) that stays at 0 while spot capacity holds the load. Its workers
 register without ``--spot``, and the coordinator routes to them only while spot workers fall
-short. ``fallback_count_wanted`` is the policy: what to ask of the group, given the spot side.
+short. ``fallback_count_wanted`` is the policy: what to ask of the group, given the spot side;
+``autoscale_fallback`` is one round of it against a fleet, ``autoscale_rounds`` a round every
+so many seconds.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spotinfer.fleet.errors import FleetError
+from spotinfer.fleet.instance import FleetInstance, InstanceState
+
+if TYPE_CHECKING:
+    from spotinfer.fleet.adapter import Fleet
 
 
 @dataclass(frozen=True)
@@ -59,3 +68,100 @@ def fallback_count_wanted(
     if shortfall <= 0:
         return 0
     return min(fallback_max, max(fallback_count, shortfall))
+
+
+def spot_ready_count(workers: Iterable[FleetInstance]) -> int:
+    """Running members of the spot workers' group.
+
+    Counted by group, not by lifecycle: the spot group's desired capacity includes its
+    on-demand base workers (AWS ``on_demand_base_count``), while fallback workers are no part
+    of it. A noticed worker (STOPPING) or one still booting does not count.
+    """
+    return sum(
+        1 for worker in workers if worker.state is InstanceState.RUNNING and not worker.is_fallback
+    )
+
+
+@dataclass(frozen=True)
+class FallbackDecision:
+    """One round of the policy: what it saw of the spot side, and the fallback before / after."""
+
+    group: str
+    spot_wanted: int
+    spot_ready: int
+    count_before: int
+    count_after: int
+    max_count: int
+
+    @property
+    def changed(self) -> bool:
+        return self.count_after != self.count_before
+
+    @property
+    def reason(self) -> str:
+        shortfall = self.spot_wanted - self.spot_ready
+        if shortfall <= 0:
+            return "spot holds the load"
+        if self.count_after < shortfall:
+            return f"spot short by {shortfall}, capped at the maximum of {self.max_count}"
+        if self.count_after > shortfall:
+            return f"spot short by {shortfall}; kept until spot is back"
+        return f"spot short by {shortfall}"
+
+    def as_row(self) -> dict[str, str]:
+        return {
+            "group": self.group,
+            "spot_wanted": str(self.spot_wanted),
+            "spot_ready": str(self.spot_ready),
+            "fallback_before": str(self.count_before),
+            "fallback_after": str(self.count_after),
+            "max_count": str(self.max_count),
+            "reason": self.reason,
+        }
+
+    def describe(self) -> str:
+        spot = f"spot {self.spot_ready}/{self.spot_wanted} ready"
+        if self.changed:
+            fallback = f"fallback {self.group} {self.count_before} → {self.count_after}"
+        else:
+            fallback = f"fallback {self.group} stays at {self.count_before}"
+        return f"{spot}: {fallback} ({self.reason})"
+
+
+def autoscale_fallback(fleet: Fleet) -> FallbackDecision:
+    """One round: read both groups, apply ``fallback_count_wanted``, and resize the fallback
+    group only if the answer differs from its current size. Raises FleetError as the adapter
+    does; nothing is changed if a read fails."""
+    fallback = fleet.fallback_capacity()
+    spot_wanted = fleet.capacity()
+    spot_ready = spot_ready_count(fleet.list_workers())
+    wanted = fallback_count_wanted(spot_wanted, spot_ready, fallback.count, fallback.max_count)
+    if wanted != fallback.count:
+        fleet.set_fallback_capacity(wanted)
+    return FallbackDecision(
+        group=fallback.group,
+        spot_wanted=spot_wanted,
+        spot_ready=spot_ready,
+        count_before=fallback.count,
+        count_after=wanted,
+        max_count=fallback.max_count,
+    )
+
+
+def autoscale_rounds(
+    fleet: Fleet, every_seconds: float, stop: threading.Event
+) -> Iterator[FallbackDecision | FleetError]:
+    """A round now and then every ``every_seconds`` until ``stop`` is set, yielding each
+    round's decision, or its FleetError: a cloud call that fails ends the round, not the loop
+    (the next round reads everything afresh)."""
+    if every_seconds <= 0:
+        raise ValueError(f"every_seconds must be positive, got {every_seconds}")
+    while not stop.is_set():
+        outcome: FallbackDecision | FleetError
+        try:
+            outcome = autoscale_fallback(fleet)
+        except FleetError as error:
+            outcome = error
+        yield outcome
+        if stop.wait(every_seconds):
+            return

@@ -6,6 +6,7 @@ What it expects is what infra/terraform/gcp creates: worker VMs labelled
 it makes (all under ``/compute/v1/projects/PROJECT``):
 
     GET  /aggregated/instances?filter=labels.spotinfer-fleet = "NAME" AND …   list_workers
+    GET  /regions/R/instanceGroupManagers/G                                    capacity
     POST /regions/R/instanceGroupManagers/G/resize?size=N                      set_capacity
     GET  /regions/R/instanceGroupManagers/NAME-fallback                        fallback_capacity
     POST /regions/R/instanceGroupManagers/NAME-fallback/resize?size=N          set_fallback_capacity
@@ -82,6 +83,7 @@ def _enum_name(value: Any) -> str:
 def _instance_from_gce(instance: Any) -> FleetInstance:
     interfaces = list(instance.network_interfaces)
     is_spot = _enum_name(instance.scheduling.provisioning_model) == "SPOT"
+    is_fallback = instance.labels.get(TIER_LABEL_KEY) == FALLBACK_TIER
     return FleetInstance(
         instance_id=instance.name,
         zone=_last_segment(instance.zone),
@@ -89,6 +91,7 @@ def _instance_from_gce(instance: Any) -> FleetInstance:
         lifecycle=Lifecycle.SPOT if is_spot else Lifecycle.ON_DEMAND,
         machine_type=_last_segment(instance.machine_type),
         private_ip=(interfaces[0].network_i_p or None) if interfaces else None,
+        is_fallback=is_fallback,
     )
 
 
@@ -167,10 +170,6 @@ class GcpFleet(Fleet, cloud="gcp"):
     def list_workers(self) -> list[FleetInstance]:
         return self._list(self._label_filter())
 
-    def _fallback_ids(self) -> set[str]:
-        tier = f'labels.{TIER_LABEL_KEY} = "{FALLBACK_TIER}"'
-        return {worker.instance_id for worker in self._list(f"{self._label_filter()} AND {tier}")}
-
     def _list(self, label_filter: str) -> list[FleetInstance]:
         request = {"project": self.config.project, "filter": label_filter}
         scopes = _call(
@@ -184,6 +183,21 @@ class GcpFleet(Fleet, cloud="gcp"):
             for instance in scoped.instances
         ]
         return sorted(workers, key=lambda worker: worker.instance_id)
+
+    def _target_size(self, group: str, kind: str) -> int:
+        manager = _call(
+            f"get instance group {group}",
+            lambda: self._group_managers.get(
+                project=self.config.project,
+                region=self.config.region,
+                instance_group_manager=group,
+            ),
+            not_found=f"fleet {self.config.fleet_name} has no {kind} {group}",
+        )
+        return int(manager.target_size)
+
+    def capacity(self) -> int:
+        return self._target_size(self.config.group, "worker group")
 
     def set_capacity(self, worker_count: int) -> None:
         if worker_count < 0:
@@ -211,16 +225,8 @@ class GcpFleet(Fleet, cloud="gcp"):
     def fallback_capacity(self) -> FallbackCapacity:
         max_count = self._fallback_max_count()
         group = self.config.fallback_group
-        manager = _call(
-            f"get instance group {group}",
-            lambda: self._group_managers.get(
-                project=self.config.project,
-                region=self.config.region,
-                instance_group_manager=group,
-            ),
-            not_found=f"fleet {self.config.fleet_name} has no fallback group {group}",
-        )
-        return FallbackCapacity(group=group, count=int(manager.target_size), max_count=max_count)
+        count = self._target_size(group, "fallback group")
+        return FallbackCapacity(group=group, count=count, max_count=max_count)
 
     def set_fallback_capacity(self, worker_count: int) -> None:
         check_fallback_count(worker_count, self._fallback_max_count())
@@ -238,14 +244,9 @@ class GcpFleet(Fleet, cloud="gcp"):
 
     def _recreate(self, workers: Sequence[FleetInstance]) -> list[str]:
         """Recreate each worker through its own group: the spot one or the fallback one."""
-        fallback_ids = self._fallback_ids()
         by_group: dict[str, list[str]] = {}
         for worker in workers:
-            group = (
-                self.config.fallback_group
-                if worker.instance_id in fallback_ids
-                else self.config.group
-            )
+            group = self.config.fallback_group if worker.is_fallback else self.config.group
             by_group.setdefault(group, []).append(
                 f"zones/{worker.zone}/instances/{worker.instance_id}"
             )

@@ -37,6 +37,9 @@ class FleetInstance:
     lifecycle: Lifecycle
     machine_type: str
     private_ip: str | None = None
+    is_fallback: bool = False
+    """A member of the on-demand fallback group (tier tag / label), not of the spot workers'
+    group. Not the same as ``lifecycle``: the spot group may hold on-demand base workers."""
 
     def as_row(self) -> dict[str, str]:
         """Plain strings for tables and JSON output."""
@@ -47,4 +50,5 @@ class FleetInstance:
             "lifecycle": self.lifecycle.value,
             "machine_type": self.machine_type,
             "private_ip": self.private_ip or "",
+            "group": "fallback" if self.is_fallback else "spot",
         }

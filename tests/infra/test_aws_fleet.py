@@ -10,6 +10,7 @@ from context_daemon.notices.notice import NoticeAction
 from spotinfer.fleet import AwsFleet, AwsFleetConfig, FleetError, InstanceState
 from spotinfer.fleet.constants import AWS_INTERRUPTION_DETAIL_TYPE, AWS_REBALANCE_DETAIL_TYPE
 from spotinfer.fleet.drill import DrillState
+from spotinfer.fleet.fallback import autoscale_fallback
 
 pytest.importorskip("boto3", reason="boto3 is not installed")
 pytest.importorskip("moto.server", reason="moto[server] is not installed")
@@ -260,3 +261,42 @@ def test_a_fleet_without_a_fallback_group_says_so(aws_endpoint: str, fleet: Moto
         adapter.set_fallback_capacity(1)
     with pytest.raises(FleetError, match="fallback_max_count"):
         adapter.fallback_capacity()
+
+
+def test_capacity_reads_the_spot_groups_desired_capacity(
+    aws_endpoint: str, clients: AwsClients, fleet: MotoFleet
+) -> None:
+    create_fallback_group(clients, fleet, max_size=3)
+    adapter = _connect(aws_endpoint)
+
+    assert adapter.capacity() == 2
+    adapter.set_capacity(5)
+    assert adapter.capacity() == 5
+
+
+def test_autoscale_covers_a_stopped_spot_worker_then_releases_the_fallback(
+    aws_endpoint: str, clients: AwsClients, fleet: MotoFleet
+) -> None:
+    fallback_name = create_fallback_group(clients, fleet, max_size=3)
+    adapter = _connect(aws_endpoint)
+    stopped = sorted(group_instance_ids(clients, fleet.group_name))[0]
+    clients.ec2.stop_instances(InstanceIds=[stopped])
+
+    grown = autoscale_fallback(adapter)
+
+    assert (grown.spot_wanted, grown.spot_ready) == (2, 1)
+    assert (grown.count_before, grown.count_after) == (0, 1)
+    assert _desired(clients, fallback_name) == 1
+    (launched,) = group_instance_ids(clients, fallback_name)
+    by_id = {worker.instance_id: worker for worker in adapter.list_workers()}
+    assert by_id[launched].is_fallback and not by_id[stopped].is_fallback
+
+    # The fallback worker runs, but it is not a spot worker: nothing changes.
+    unchanged = autoscale_fallback(adapter)
+    assert (unchanged.spot_ready, unchanged.changed) == (1, False)
+
+    clients.ec2.start_instances(InstanceIds=[stopped])
+    released = autoscale_fallback(adapter)
+
+    assert (released.spot_ready, released.count_after) == (2, 0)
+    assert _desired(clients, fallback_name) == 0

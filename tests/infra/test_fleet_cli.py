@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -162,6 +167,127 @@ def test_gcp_fallback_takes_its_maximum_from_the_flags(
         run(["fallback", *gcp_flags(fake_compute), "--workers", "1"])
     with pytest.raises(UserError, match="--fallback-max-count must be a whole number"):
         run(["fallback", *gcp_flags(fake_compute), "--fallback-max-count", "two"])
+
+
+def _gcp_fallback_fleet(compute: FakeCompute, spot_running: int) -> list[str]:
+    """Four spot VMs wanted, ``spot_running`` of them running; an empty fallback group of 3."""
+    compute.target_size = 4
+    compute.other_groups["demo-fallback"] = 0
+    labels = {"spotinfer-fleet": "demo", "spotinfer-role": "worker"}
+    for index in range(4):
+        status = "RUNNING" if index < spot_running else "TERMINATED"
+        compute.add(FakeInstance(f"demo-worker-{index}", "us-central1-a", status, labels))
+    return [*gcp_flags(compute), "--fallback-max-count", "3"]
+
+
+def test_gcp_fallback_auto_covers_the_spot_shortfall_and_says_why(
+    fake_compute: FakeCompute, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = _gcp_fallback_fleet(fake_compute, spot_running=2)
+
+    assert run(["fallback", *flags, "--auto"]) == 0
+    assert fake_compute.other_groups["demo-fallback"] == 2
+    assert capsys.readouterr().out.strip() == (
+        "spot 2/4 ready: fallback demo-fallback 0 → 2 (spot short by 2)"
+    )
+
+    assert run(["fallback", *flags, "--auto", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["fallback_before"], row["fallback_after"]) == ("2", "2")
+    resizes = [request for request in fake_compute.requests if request.path.endswith("/resize")]
+    assert len(resizes) == 1  # the second round changed nothing, so asked nothing
+
+
+def test_aws_fallback_auto_releases_the_group_once_spot_is_whole(
+    aws_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clients = AwsClients.at(aws_endpoint)
+    fallback_name = create_fallback_group(clients, create_fleet(clients, "demo"), max_size=3)
+    clients.autoscaling.set_desired_capacity(AutoScalingGroupName=fallback_name, DesiredCapacity=2)
+
+    assert run(["fallback", *aws_flags(aws_endpoint), "--auto"]) == 0
+
+    assert "2 → 0 (spot holds the load)" in capsys.readouterr().out
+    assert group_instance_ids(clients, fallback_name) == set()
+
+
+def _signal_self_once(signum: signal.Signals, ready: Callable[[], bool]) -> threading.Thread:
+    """Send ``signum`` to this process once ``ready()`` (the command's loop is running)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 30.0
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signum)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def test_fallback_every_repeats_until_sigterm_and_survives_failed_rounds(
+    fake_compute: FakeCompute, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = _gcp_fallback_fleet(fake_compute, spot_running=3)
+    del fake_compute.other_groups["demo-fallback"]  # every round's first read fails
+
+    def two_rounds_failed() -> bool:
+        reads = [
+            request for request in fake_compute.requests if request.path.endswith("/demo-fallback")
+        ]
+        return len(reads) >= 2
+
+    handler_before = signal.getsignal(signal.SIGTERM)
+    watcher = _signal_self_once(signal.SIGTERM, two_rounds_failed)
+
+    assert run(["fallback", *flags, "--auto", "--every", "1"]) == 0
+    watcher.join()
+
+    captured = capsys.readouterr()
+    failures = [line for line in captured.err.splitlines() if "round failed" in line]
+    assert len(failures) == 2
+    assert "no fallback group demo-fallback" in failures[0]
+    assert captured.err.rstrip().endswith("stopped")
+    assert signal.getsignal(signal.SIGTERM) is handler_before
+
+
+def test_fallback_every_ends_cleanly_on_sigint(
+    fake_compute: FakeCompute, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = _gcp_fallback_fleet(fake_compute, spot_running=3)
+
+    def resized() -> bool:
+        return any(request.path.endswith("/resize") for request in fake_compute.requests)
+
+    watcher = _signal_self_once(signal.SIGINT, resized)
+
+    # Without the signal this would wait a minute for its next round.
+    assert run(["fallback", *flags, "--auto", "--every", "60"]) == 0
+    watcher.join()
+
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.endswith("spot 3/4 ready: fallback demo-fallback 0 → 1 (spot short by 1)")
+    assert fake_compute.other_groups["demo-fallback"] == 1
+
+
+_AWS_DEMO = ["--cloud", "aws", "--fleet-name", "demo", "--region", "us-east-1"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--every", "30"], "--every repeats --auto"),
+        (["--auto", "--workers", "2"], "--auto sizes the fallback group itself"),
+        (["--auto", "--every", "0"], "--every must be at least 1, got 0"),
+        (["--auto", "--every", "-5"], "--every must be at least 1"),
+        (["--auto", "--every", "soon"], "--every must be a whole number"),
+    ],
+)
+def test_fallback_auto_flags_that_do_not_fit_are_user_errors(
+    flags: list[str], message: str
+) -> None:
+    with pytest.raises(UserError, match=message):
+        run(["fallback", *_AWS_DEMO, *flags])
 
 
 @pytest.mark.parametrize(
