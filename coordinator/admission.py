@@ -77,12 +77,23 @@ def _fallback(entry: WorkerEntry) -> bool:
     return entry.pool.fallback
 
 
-def pool_tiers(away_from: PoolLabels | None) -> list[Where]:
+@dataclass(frozen=True)
+class Tier:
+    """Workers a moving request may go to (``where``); ``standby_first``: a ready standby of
+    the tier is promoted before a routable worker of it is used."""
+
+    where: Where
+    standby_first: bool = False
+
+
+def pool_tiers(away_from: PoolLabels | None) -> list[Tier]:
     """Where a request that leaves a worker of pool ``away_from`` may go, best first: outside
-    that pool, then the on-demand fallback, then the rest of the pool. Without a pool (an
-    unlabelled worker, or a new request): the ordinary workers, then the fallback."""
+    that pool, then the on-demand fallback, then the rest of the pool — there an idle standby
+    before a busy peer: in a wave the peer's notice may be a moment behind (its requests
+    would move again), and a standby holds none to lose. An unlabelled worker's fleet is one
+    pool."""
     if away_from is None or not away_from.name:
-        return [_ordinary, _fallback]
+        return [Tier(_ordinary, standby_first=away_from is not None), Tier(_fallback)]
     pool = away_from.name
 
     def elsewhere(entry: WorkerEntry) -> bool:
@@ -91,7 +102,7 @@ def pool_tiers(away_from: PoolLabels | None) -> list[Where]:
     def same_pool(entry: WorkerEntry) -> bool:
         return _ordinary(entry) and entry.pool.name == pool
 
-    return [elsewhere, _fallback, same_pool]
+    return [Tier(elsewhere), Tier(_fallback), Tier(same_pool, standby_first=True)]
 
 
 @dataclass(frozen=True)
@@ -274,10 +285,11 @@ class Admission:
             for e in self._registry.routable()
             if e.address not in exclude and e.suspect_since_monotonic is None
         ]
-        for where in pool_tiers(away_from):
-            candidates = [e for e in routable if where(e)]
+        for tier in pool_tiers(away_from):
+            promoted = self._pool.promote_one(exclude, tier.where) if tier.standby_first else None
+            candidates = [promoted] if promoted else [e for e in routable if tier.where(e)]
             if not candidates:
-                promoted = self._pool.promote_one(exclude, where)
+                promoted = self._pool.promote_one(exclude, tier.where)
                 candidates = [promoted] if promoted is not None else []
             if candidates:
                 return self._lease(request, self._policy.choose(request, candidates))
@@ -293,10 +305,13 @@ class Admission:
         migration's target): a routable worker with room, else a promoted standby, tier by
         tier (`pool_tiers`), else None (it then moves the plain way, through `requeue`,
         once paused)."""
-        for where in pool_tiers(away_from):
-            lease = self._place(request, exclude, where)
+        for tier in pool_tiers(away_from):
+            promoted = self._pool.promote_one(exclude, tier.where) if tier.standby_first else None
+            lease = self._lease(request, promoted) if promoted else None
             if lease is None:
-                promoted = self._pool.promote_one(exclude, where)
+                lease = self._place(request, exclude, tier.where)
+            if lease is None:
+                promoted = self._pool.promote_one(exclude, tier.where)
                 if promoted is not None:
                     lease = self._lease(request, promoted)
             if lease is not None:

@@ -3,7 +3,8 @@ package, and coordinators in front of them (one shared, others per test module).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,23 +22,33 @@ WORKER_FLAGS = ("--dtype", "float32", "--max-model-len", "1024", "--memory-gib",
 TIMEOUT_SECONDS = 120
 
 
-@pytest.fixture(scope="package")
-def workers(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def started_workers(
+    tiny_model: Path, names: Sequence[str], log_dir: Path, *flags: str
 ) -> Iterator[list[WorkerProcess]]:
-    log_dir = tmp_path_factory.mktemp("worker-logs")
+    """One worker per name (WORKER_FLAGS and ``flags``), loaded in parallel, all stopped at
+    the end (also when one fails to start)."""
     processes = [
-        WorkerProcess(tiny_model, *WORKER_FLAGS, "--worker-id", f"w{i}", log_dir=log_dir)
-        for i in range(2)
+        WorkerProcess(tiny_model, *WORKER_FLAGS, *flags, "--worker-id", name, log_dir=log_dir)
+        for name in names
     ]
     try:
-        with ThreadPoolExecutor(2) as pool:
+        with ThreadPoolExecutor(len(processes)) as pool:
             list(pool.map(lambda p: p.start(), processes))
         yield processes
     finally:
         for process in processes:
             if process.process is not None:
                 process.stop()
+
+
+@pytest.fixture(scope="package")
+def workers(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[WorkerProcess]]:
+    log_dir = tmp_path_factory.mktemp("worker-logs")
+    with started_workers(tiny_model, ["w0", "w1"], log_dir) as processes:
+        yield processes
 
 
 @pytest.fixture(scope="package")

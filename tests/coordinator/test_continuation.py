@@ -15,7 +15,6 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ import pytest
 from protos.spotinfer.v1 import common_pb2
 from spotinfer.local.worker_process import WorkerProcess
 from store import RedisStore
-from tests.coordinator.conftest import WORKER_FLAGS, start_coordinator
+from tests.coordinator.conftest import start_coordinator, started_workers
 from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until
 
@@ -46,23 +45,9 @@ def pair(
     tiny_model: Path, frozen_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[WorkerProcess]]:
     log_dir = tmp_path_factory.mktemp("continuation-logs")
-    processes = [
-        WorkerProcess(
-            tiny_model,
-            *WORKER_FLAGS,
-            *("--redis-url", frozen_redis.url, "--worker-id", name),
-            log_dir=log_dir,
-        )
-        for name in ("sampled-doomed", "sampled-spare")
-    ]
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda p: p.start(), processes))
-        yield processes
-    finally:
-        for process in processes:
-            if process.process is not None:
-                process.stop()
+    names = ["sampled-doomed", "sampled-spare"]
+    with started_workers(tiny_model, names, log_dir, "--redis-url", frozen_redis.url) as pair:
+        yield pair
 
 
 def test_a_sampled_stream_resumes_from_what_its_client_received(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,10 @@ from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 from tests.coordinator.conftest import (
     TIMEOUT_SECONDS,
-    WORKER_FLAGS,
     assemble,
     greedy,
     start_coordinator,
+    started_workers,
 )
 from tests.support.redis_server import RedisServer
 
@@ -33,26 +32,9 @@ def persisting_workers(
     tiny_model: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[WorkerProcess]]:
     log_dir = tmp_path_factory.mktemp("persisting-logs")
-    processes = [
-        WorkerProcess(
-            tiny_model,
-            *WORKER_FLAGS,
-            "--redis-url",
-            redis_server.url,
-            "--worker-id",
-            name,
-            log_dir=log_dir,
-        )
-        for name in ("doomed", "spare")
-    ]
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda p: p.start(), processes))
-        yield processes
-    finally:
-        for process in processes:
-            if process.process is not None:
-                process.stop()
+    names = ["doomed", "spare"]
+    with started_workers(tiny_model, names, log_dir, "--redis-url", redis_server.url) as pair:
+        yield pair
 
 
 def test_sigkilled_worker_streams_resume_on_the_standby(

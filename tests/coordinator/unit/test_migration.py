@@ -117,16 +117,18 @@ async def test_a_request_that_finishes_while_staged_frees_its_target(clusters: M
 async def test_a_target_that_goes_away_mid_handshake_is_replaced_after_the_pause(
     clusters: Make,
 ) -> None:
+    # The standby s0 is the target (promoted before the busy peer w1: pool_tiers) and goes
+    # away before the pause; w1 takes the request.
     cluster = clusters(workers=2, standbys=1, with_daemons=True)
     source = await _source(cluster)
-    target = cluster.entry(1)
+    target = cluster.entry(2)
     source.before_pause = lambda: cluster.registry.set_orchestrated_state(
         target, WorkerState.STOPPED
     )
     source.notice()
-    await _finish_on(cluster, 2, source)  # the standby s0, promoted
-    assert ("w1", "drop_prefetch", 0) in source.what(), "what it staged is dropped"
-    assert source.what()[-1] == ("s0", "resume", DELIVERED)
+    await _finish_on(cluster, 1, source)
+    assert ("s0", "drop_prefetch", 0) in source.what(), "what it staged is dropped"
+    assert source.what()[-1] == ("w1", "resume", DELIVERED)
     assert target.in_flight_total == 0
 
 

@@ -107,3 +107,16 @@ def test_pool_labels_name_their_pool_and_say_which_is_the_fallback() -> None:
     assert ZONE_A.name == "aws/us-east-1a/g5.xlarge/spot" and not ZONE_A.fallback
     assert FALLBACK.name == "aws/us-east-1a/g5.xlarge/on-demand" and FALLBACK.fallback
     assert PoolLabels().name == "" and not PoolLabels().fallback, "unlabelled: ordinary"
+
+
+async def test_within_the_noticed_pool_an_idle_standby_goes_before_a_busy_peer() -> None:
+    """The peer's notice may be a moment behind in a wave: its requests would move again."""
+    registry, _, _ = make_registry()
+    noticed = labelled(registry, "noticed", ZONE_A)
+    labelled(registry, "peer", ZONE_A)
+    labelled(registry, "standby", ZONE_A, WorkerRole.STANDBY)
+    admission = admission_of(registry, slots=4)
+    lease = admission.reserve(make_request("m0"), frozenset({noticed.address}), noticed.pool)
+    assert lease is not None and lease.entry.worker_id == "standby"
+    lease = admission.reserve(make_request("m1"), frozenset({noticed.address}), noticed.pool)
+    assert lease is not None and lease.entry.worker_id in {"standby", "peer"}
