@@ -286,11 +286,11 @@ class Admission:
             if e.address not in exclude and e.suspect_since_monotonic is None
         ]
         for tier in pool_tiers(away_from):
-            promoted = self._pool.promote_one(exclude, tier.where) if tier.standby_first else None
-            candidates = [promoted] if promoted else [e for e in routable if tier.where(e)]
-            if not candidates:
+            candidates = [e for e in routable if tier.where(e)]
+            if tier.standby_first or not candidates:
                 promoted = self._pool.promote_one(exclude, tier.where)
-                candidates = [promoted] if promoted is not None else []
+                if promoted is not None:
+                    candidates = [promoted]
             if candidates:
                 return self._lease(request, self._policy.choose(request, candidates))
         return None
@@ -306,14 +306,12 @@ class Admission:
         tier (`pool_tiers`), else None (it then moves the plain way, through `requeue`,
         once paused)."""
         for tier in pool_tiers(away_from):
-            promoted = self._pool.promote_one(exclude, tier.where) if tier.standby_first else None
-            lease = self._lease(request, promoted) if promoted else None
-            if lease is None:
-                lease = self._place(request, exclude, tier.where)
+            lease = None if tier.standby_first else self._place(request, exclude, tier.where)
             if lease is None:
                 promoted = self._pool.promote_one(exclude, tier.where)
-                if promoted is not None:
-                    lease = self._lease(request, promoted)
+                lease = self._lease(request, promoted) if promoted is not None else None
+            if lease is None and tier.standby_first:
+                lease = self._place(request, exclude, tier.where)
             if lease is not None:
                 return lease
         return None
