@@ -89,7 +89,7 @@ class RouteRecords:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | aioredis.RedisCluster,
         ttl_seconds: int,
         retention_seconds: float,
         flush_interval_seconds: float,
@@ -110,10 +110,14 @@ class RouteRecords:
         flush_interval_seconds: float,
         store_config: StoreConfig | None = None,
     ) -> RouteRecords:
-        """Records on ``url``, logged in and verified as ``store_config`` says (TLS, ACL user)."""
+        """Records on ``url``, logged in and verified as ``store_config`` says (TLS, ACL user;
+        a Redis Cluster client, which sends each record to its slot's master, when it names
+        a cluster)."""
         options = security_options(url, store_config) if store_config is not None else {}
+        cluster = store_config is not None and store_config.cluster
+        client_type = aioredis.RedisCluster if cluster else aioredis.Redis
         return cls(
-            aioredis.Redis.from_url(url, **options),
+            client_type.from_url(url, **options),
             ttl_seconds,
             retention_seconds,
             flush_interval_seconds,
