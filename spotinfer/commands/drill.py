@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from worker.constants import KV_PERSIST_POLICIES
 
 CLOUD_CHOICES = ("aws", "gcp", "azure")
 SAMPLING_CHOICES = ("greedy", "seeded")  # spotinfer.loadgen.Sampling (imported when run)
@@ -29,9 +30,30 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "carries no deadline); 0: 30 s",
     )
     parser.add_argument("--redis-url", default="", help="use this Redis instead of our own")
+    parser.add_argument(
+        "--redis-cluster-masters",
+        type=int,
+        default=0,
+        help="our own store as a Redis Cluster of this many masters (at least 3; TLS and ACL "
+        "users on every node, every process given --redis-cluster); 0: one redis-server",
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--memory-gib", type=float, default=1.0, help="per worker")
+    parser.add_argument(
+        "--kv-persist-policy",
+        choices=KV_PERSIST_POLICIES,
+        default="eager",
+        help="the workers' KV persistence: eager (every block as it fills), lazy (all at a "
+        "notice), hybrid (as they fill up to --kv-persist-rate-mb-s, the rest at a notice), "
+        "off",
+    )
+    parser.add_argument(
+        "--kv-persist-rate-mb-s",
+        type=float,
+        default=None,
+        help="hybrid's cap: MB/s of KV blocks written as they fill (required by hybrid only)",
+    )
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/spotinfer-cluster"))
     parser.add_argument(
         "--zones",
@@ -129,9 +151,12 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
             cloud=args.cloud,
             notice_seconds=args.notice_seconds,
             redis_url=args.redis_url,
+            redis_cluster_masters=args.redis_cluster_masters,
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             memory_gib=args.memory_gib,
+            persist_policy=args.kv_persist_policy,
+            persist_rate_mb_s=args.kv_persist_rate_mb_s,
             log_dir=args.log_dir,
             zones=tuple(z.strip() for z in args.zones.split(",")) if args.zones else (),
             fallback_nodes=args.fallback_nodes,

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spotinfer.drills.report import DrillReport, build_report
 from spotinfer.drills.scenarios import DrillContext, scenario_named
@@ -29,6 +30,9 @@ from spotinfer.loadgen import (
     run_load,
 )
 from worker.constants import DEFAULT_KV_CHUNK_TOKENS
+
+if TYPE_CHECKING:
+    import redis
 
 LEAK_WAIT_SECONDS = 20.0
 # Workers persist KV in chunks of this many tokens (--kv-chunk-tokens): an unannounced loss
@@ -80,6 +84,17 @@ def plan(options: DrillOptions, vocab_size: int, prefix: str = "") -> list[Plann
         sampling=options.sampling,
     )
     return plan_requests(spec, prefix=prefix or f"drill-{options.scenario}-{int(time.time())}")
+
+
+def _unbounded_reason(policy: str, persist_policy: str) -> str:
+    """Why an abrupt loss's recompute is not held to one chunk ("" when it is, or when the
+    failover policy restarts from scratch anyway)."""
+    if policy != "spotinfer" or persist_policy == "eager":
+        return ""
+    return (
+        f"the workers persist KV {persist_policy} (not every block as it fills): an abrupt "
+        "loss recomputes what was not stored yet"
+    )
 
 
 def run_drill(
@@ -153,12 +168,12 @@ def run_drill(
         raise failure[0]
     say(f"{len(traces)} request(s) done; computing reference outputs on an undisturbed worker")
     references = reference_outputs(cluster, planned, options.ignore_eos)
-    release_requests(
-        cluster.redis_url, [f"ref-{p.request_id}" for p in planned], **cluster.redis_admin_options
-    )
-    leaked = leaked_keys(
-        cluster.redis_url, [p.request_id for p in planned], **cluster.redis_admin_options
-    )
+    admin = cluster.redis_admin_client()  # every master of a Redis Cluster
+    try:
+        release_requests(admin, [f"ref-{p.request_id}" for p in planned])
+        leaked = leaked_keys(admin, [p.request_id for p in planned])
+    finally:
+        admin.close()
     report = build_report(
         scenario=options.scenario,
         policy=cluster.config.policy,
@@ -167,8 +182,11 @@ def run_drill(
         leaked_keys=leaked,
         block_tokens=options.block_tokens,
         expect_zero_recompute=scenario.expect_zero_recompute
-        and cluster.config.policy == "spotinfer",
-        bounded_recompute=cluster.config.policy == "spotinfer",
+        and cluster.config.policy == "spotinfer"
+        and cluster.config.persist_policy != "off",
+        bounded_recompute=cluster.config.policy == "spotinfer"
+        and cluster.config.persist_policy == "eager",
+        unbounded_reason=_unbounded_reason(cluster.config.policy, cluster.config.persist_policy),
         preemptions=sum(1 for e in cluster.events if e.kind in PREEMPTION_EVENTS),
         mac_rejected_blocks=cluster.mac_rejected_blocks(),
     )
@@ -226,46 +244,35 @@ def reference_outputs(
     return {p.request_id: t.token_ids for p, t in zip(planned, traces, strict=True) if t.ok}
 
 
-def release_requests(redis_url: str, request_ids: Sequence[str], **options: str) -> None:
+def release_requests(client: redis.Redis | redis.RedisCluster, request_ids: Sequence[str]) -> None:
     """What a coordinator does once its client got a request's end, for requests no
     coordinator relayed (the references, straight from a worker): the store may let their
     keys go (store.RedisStore.release_request), else it keeps them for the undelivered
-    retention."""
-    import redis
-
+    retention. ``client``: the operator's (a cluster client sends each to its key's master)."""
     from store import keys
     from store.lua_scripts import RELEASE_REQUEST
 
-    client = redis.Redis.from_url(redis_url, **options)
-    try:
-        for request_id in request_ids:
-            request_keys = keys.request_keys(request_id)
-            client.eval(RELEASE_REQUEST.source, len(request_keys), *request_keys, 0)
-    finally:
-        client.close()
+    for request_id in request_ids:
+        request_keys = keys.request_keys(request_id)
+        client.eval(RELEASE_REQUEST.source, len(request_keys), *request_keys, 0)
 
 
-def leaked_keys(redis_url: str, request_ids: Sequence[str], **options: str) -> int:
+def leaked_keys(client: redis.Redis | redis.RedisCluster, request_ids: Sequence[str]) -> int:
     """Keys of these (finished) requests still in Redis after the retention, plus any key of
-    ours that would never expire. Waits a little: finishing is asynchronous."""
-    import redis
-
+    ours that would never expire, on every master a cluster ``client`` reaches. Waits a
+    little: finishing is asynchronous."""
     from store import keys
 
-    client = redis.Redis.from_url(redis_url, **options)
     deadline = time.monotonic() + LEAK_WAIT_SECONDS
-    try:
-        while True:
-            ours = [k.decode() for k in client.scan_iter(match=keys.schema_pattern(), count=1000)]
-            owned = [
-                k
-                for k in ours
-                if any(f"{{{rid}}}" in k or f"{{ref-{rid}}}" in k for rid in request_ids)
-            ]
-            immortal = [k for k in ours if client.ttl(k) == -1]
-            leaked = set(owned) | set(immortal)
-            if not leaked or time.monotonic() > deadline:
-                return len(leaked)
-            time.sleep(0.5)
-    finally:
-        client.close()
+    while True:
+        ours = [k.decode() for k in client.scan_iter(match=keys.schema_pattern(), count=1000)]
+        owned = [
+            k
+            for k in ours
+            if any(f"{{{rid}}}" in k or f"{{ref-{rid}}}" in k for rid in request_ids)
+        ]
+        immortal = [k for k in ours if client.ttl(k) == -1]
+        leaked = set(owned) | set(immortal)
+        if not leaked or time.monotonic() > deadline:
+            return len(leaked)
+        time.sleep(0.5)

@@ -14,18 +14,22 @@ product's own reaction. `kill` is the unannounced loss: worker and daemon die at
 Its own redis-server runs locked down (``secure_redis``, see redis_security.py): TLS only,
 its certificate signed by the same cluster CA as the gRPC TLS; each process logs in as its
 role's ACL user, and KV blocks and records are signed with a keyring generated for this
-cluster.
+cluster. With ``redis_cluster_masters`` the store is a Redis Cluster of that many masters
+instead (redis_cluster_process.py), every node locked down alike; each process is given one
+node and ``--redis-cluster``, as it would be in a deployment.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.channels import TransportConfig
 from context_daemon.constants import GCP_MAX_NOTICE_SECONDS
@@ -38,10 +42,14 @@ from spotinfer.local.metadata_servers import (
     MetadataServer,
     metadata_server_for,
 )
+from spotinfer.local.redis_cluster_process import RedisClusterProcess
 from spotinfer.local.redis_process import RedisProcess
-from spotinfer.local.redis_security import ADMIN_USER
 from spotinfer.local.worker_process import WorkerProcess
 from store.acl import Role
+from worker.config import check_kv_persistence
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,9 @@ MAC_REJECTED_SAMPLE = "spotinfer_worker_kv_mac_rejected_blocks_total"
 # A worker stopped by SIGTERM moves its requests within its drain grace (30 s by default),
 # then exits; past this it is killed.
 WORKER_STOP_WAIT_SECONDS = 60.0
+# Redis's own floor for a cluster that works as expected (`redis-cli --cluster create`
+# refuses fewer masters): a smaller one is no deployment a drill could stand for.
+MIN_REDIS_CLUSTER_MASTERS = 3
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,13 @@ class ClusterConfig:
     dtype: str = "float32"
     max_model_len: int = 2048
     memory_gib: float = 1.0  # per worker: weights + KV + 10% reserve
-    persist_policy: str = "eager"
+    persist_policy: str = "eager"  # the workers' --kv-persist-policy
+    # hybrid's cap, MB/s (the workers' --kv-persist-rate-mb-s): required by hybrid, refused
+    # with another policy.
+    persist_rate_mb_s: float | None = None
+    # Each node's daemon writes the KV blocks (and a pause's tokens) its worker hands over
+    # through shared memory (--kv-handoff-socket); False: the worker writes Redis itself.
+    kv_handoff: bool = False
     policy: str = "spotinfer"  # spotinfer | reroute (restart preempted requests from scratch)
     coordinator_flags: tuple[str, ...] = ()
     worker_flags: tuple[str, ...] = ()  # added to every worker's command line
@@ -87,8 +104,25 @@ class ClusterConfig:
     # On-demand fallback nodes (no `spot` pool label): the coordinator routes to them only
     # while the spot nodes cannot hold the load; a drill's waves never notice them.
     fallback_nodes: int = 0
+    # Our own store as a Redis Cluster of this many masters, no replicas, each node locked
+    # down as the single server is; every process gets one node and --redis-cluster.
+    # 0: one redis-server.
+    redis_cluster_masters: int = 0
 
     def __post_init__(self) -> None:
+        if self.redis_cluster_masters and self.redis_url:
+            raise ValueError(
+                "--redis-cluster-masters starts a Redis Cluster of our own; it cannot go with "
+                "--redis-url (an outside Redis)"
+            )
+        if self.redis_cluster_masters < 0 or 0 < self.redis_cluster_masters < (
+            MIN_REDIS_CLUSTER_MASTERS
+        ):
+            raise ValueError(
+                f"--redis-cluster-masters must be 0 (one redis-server) or at least "
+                f"{MIN_REDIS_CLUSTER_MASTERS} (Redis Cluster's own minimum), "
+                f"got {self.redis_cluster_masters}"
+            )
         if self.workers < 1:
             raise ValueError("a cluster needs at least one active worker (--workers)")
         if self.fallback_nodes < 0:
@@ -101,6 +135,7 @@ class ClusterConfig:
             raise ValueError(f"cloud must be one of {CLOUDS}, got {self.cloud!r}")
         if self.policy not in FAILOVER_BY_POLICY:
             raise ValueError(f"policy must be one of {sorted(FAILOVER_BY_POLICY)}")
+        check_kv_persistence(self.persist_policy, self.persist_rate_mb_s)
         if self.notice_seconds and self.cloud != "gcp":
             raise ValueError(
                 "notice_seconds is a GCP VM's notice length; AWS and Azure notices carry "
@@ -126,6 +161,13 @@ class ClusterConfig:
     def scale_in_seconds(self) -> float:
         return self.lifecycle_drain_seconds or self.grace_seconds
 
+    @property
+    def persist_flags(self) -> tuple[str, ...]:
+        """Every worker's KV persistence flags."""
+        rate = self.persist_rate_mb_s
+        capped = ("--kv-persist-rate-mb-s", repr(rate)) if rate is not None else ()
+        return ("--kv-persist-policy", self.persist_policy, *capped)
+
 
 @dataclass
 class Node:
@@ -147,7 +189,7 @@ class LocalCluster:
     ) -> None:
         self.config = config
         self._say = on_progress or (lambda message: log.info(message))
-        self.redis: RedisProcess | None = None
+        self.redis: RedisProcess | RedisClusterProcess | None = None
         self.redis_url = config.redis_url
         self.coordinator: Any = None
         self.nodes: dict[str, Node] = {}
@@ -181,12 +223,10 @@ class LocalCluster:
             self.secrets = ClusterSecrets.make(self.config.log_dir)
         try:
             if not self.redis_url:
-                # One CA for the cluster: Redis's certificate is signed by the gRPC one.
-                self.redis = RedisProcess(
-                    secure=self.config.secure_redis, ca=self.secrets.ca
-                ).start()
+                self.redis = self._new_redis()  # `stop` removes it, also if it fails to start
+                self.redis.start()
                 self.redis_url = self.redis.url
-                self._say(f"redis-server at {self.redis_url}")
+                self._say(self._redis_description())
             self._start_coordinator()
             roles = ["active"] * self.config.workers + ["standby"] * self.config.standbys
             self._start_nodes([(self._new_name(), role) for role in roles])
@@ -197,6 +237,19 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def _new_redis(self) -> RedisProcess | RedisClusterProcess:
+        # One CA for the cluster: Redis's certificate is signed by the gRPC one.
+        secure, ca = self.config.secure_redis, self.secrets.ca
+        if self.config.redis_cluster_masters:
+            return RedisClusterProcess(self.config.redis_cluster_masters, secure=secure, ca=ca)
+        return RedisProcess(secure=secure, ca=ca)
+
+    def _redis_description(self) -> str:
+        if isinstance(self.redis, RedisClusterProcess):
+            ports = ", ".join(str(node.port) for node in self.redis.nodes)
+            return f"Redis Cluster of {self.redis.masters} masters on ports {ports}"
+        return f"redis-server at {self.redis_url}"
 
     def _start_coordinator(
         self,
@@ -302,23 +355,26 @@ class LocalCluster:
 
     def _store_flags(self, role: Role) -> tuple[str, ...]:
         """How a process of ``role`` reaches Redis: as its own ACL user over TLS on our own
-        locked-down server, else the plain URL it was given."""
-        security = self.redis.security if self.redis is not None else None
-        if security is None:
+        locked-down server (one node of our Redis Cluster, with --redis-cluster), else the
+        plain URL it was given."""
+        if self.redis is None:
             return ("--redis-url", self.redis_url)
-        return tuple(security.store_flags(self.redis_url, role))
+        return tuple(self.redis.store_flags(role))
 
     @property
     def redis_admin_options(self) -> dict[str, str]:
         """redis-py options for the operator's user (leak checks scan every key)."""
         security = self.redis.security if self.redis is not None else None
-        if security is None:
-            return {}
-        return {
-            "username": ADMIN_USER,
-            "password": security.password(ADMIN_USER),
-            "ssl_ca_certs": str(security.ca_file),
-        }
+        return security.admin_options() if security is not None else {}
+
+    def redis_admin_client(self) -> redis.Redis | redis.RedisCluster:
+        """A redis-py client as the operator's user: of every master when the store is our
+        Redis Cluster (a scan then covers them all), else of the one server."""
+        import redis
+
+        if isinstance(self.redis, RedisClusterProcess):
+            return redis.RedisCluster.from_url(self.redis_url, **self.redis_admin_options)
+        return redis.Redis.from_url(self.redis_url, **self.redis_admin_options)
 
     def _new_name(self) -> str:
         with self._lock:
@@ -337,7 +393,8 @@ class LocalCluster:
             *("--max-model-len", str(self.config.max_model_len)),
             *("--memory-gib", str(self.config.memory_gib)),
             *self._store_flags(Role.WORKER),
-            *("--kv-persist-policy", self.config.persist_policy),
+            *self.config.persist_flags,
+            *self._handoff_flags(name),
             *self.secrets.flags("worker", name),
             *self.config.worker_flags,
             log_dir=self.config.log_dir,
@@ -360,9 +417,18 @@ class LocalCluster:
             # A scale-in's lifecycle hook holds the node as long as a notice's grace.
             *("--lifecycle-drain-seconds", f"{self.config.scale_in_seconds:g}"),
             *self.secrets.flags("daemon", node.name),
+            *self._handoff_flags(node.name),
             log_dir=self.config.log_dir,
             transport=self.secrets.operator_transport,
         )
+
+    def _handoff_flags(self, name: str) -> tuple[str, ...]:
+        """The node's hand-off socket, for its worker and its daemon alike (a short path:
+        unix socket paths end at 107 bytes)."""
+        if not self.config.kv_handoff:
+            return ()
+        path = Path(tempfile.gettempdir()) / f"spot-{os.getpid()}-{id(self):x}-{name}.sock"
+        return ("--kv-handoff-socket", str(path))
 
     def _notice_flags(self) -> tuple[str, ...]:
         if not self.config.notice_seconds:
@@ -559,11 +625,12 @@ class LocalCluster:
         self.terminate(name)
 
     def restart_redis(self) -> None:
+        """Our store dies and comes back empty: the server, or every master of our Redis
+        Cluster (formed again on the same ports)."""
         if self.redis is None:
             raise RuntimeError("the cluster uses an outside Redis; it cannot restart it")
         self._record("redis-restart")
-        self.redis.kill()
-        self.redis.start()
+        self.redis.restart()
 
     def restart_coordinator(self, down_seconds: float = 1.0) -> None:
         self._record("coordinator-restart")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from spotinfer.local.certs import CertPaths
 from spotinfer.local.managed_process import ManagedProcess, free_port
 from spotinfer.local.redis_security import RedisSecurity
+from store.acl import Role
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -55,7 +56,9 @@ class RedisProcess(ManagedProcess):
     ``extra_args`` are appended to the command line (a cluster node turns cluster mode on).
     ``secure=True`` locks it down (see redis_security.py): TLS only, on ``url`` (rediss://),
     one ACL user per role, and a MAC keyring, all in ``security``'s directory; its certificate
-    signed by ``ca`` (a local cluster's), else by a CA of its own.
+    signed by ``ca`` (a local cluster's), else by a CA of its own. ``security`` given instead:
+    locked down with those files (the nodes of a Redis Cluster share one set; their owner
+    removes it).
     """
 
     def __init__(
@@ -64,13 +67,16 @@ class RedisProcess(ManagedProcess):
         extra_args: tuple[str, ...] = (),
         secure: bool = False,
         ca: CertPaths | None = None,
+        security: RedisSecurity | None = None,
     ) -> None:
         if shutil.which(REDIS_SERVER_BINARY) is None:
             raise RedisNotInstalled(f"{REDIS_SERVER_BINARY} is not on PATH")
         self.port = port if port is not None else free_port()
         self._extra_args = extra_args
         self._dir = Path(tempfile.mkdtemp(prefix=f"redis-{self.port}-"))
-        self.security = RedisSecurity.create(self._dir / "security", ca) if secure else None
+        if security is None and secure:
+            security = RedisSecurity.create(self._dir / "security", ca)
+        self.security = security
         super().__init__("redis-server", self._dir / LOG_NAME, cwd=self._dir)
 
     @property
@@ -81,6 +87,13 @@ class RedisProcess(ManagedProcess):
     def url(self) -> str:
         scheme = "rediss" if self.security is not None else "redis"
         return f"{scheme}://{self.host}:{self.port}/0"
+
+    def store_flags(self, role: Role) -> list[str]:
+        """The store flags a process of ``role`` reaches this server with (as its own ACL
+        user when the server is locked down)."""
+        if self.security is None:
+            return ["--redis-url", self.url]
+        return self.security.store_flags(self.url, role)
 
     def start(self) -> Self:
         """Start the server; return once it answers PING."""

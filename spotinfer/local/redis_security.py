@@ -4,8 +4,9 @@ cluster's CA, or by a CA of its own when there is none, an ``aclfile`` with one 
 (store/acl.py) plus the operator's ``default`` user, each with a random password in its own
 file, and the cluster's KV MAC keyring.
 
-``server_args(port)`` are redis-server's flags; ``store_flags(url, role)`` the flags a process
-of that role connects with, as its own ACL user.
+``server_args(port)`` are redis-server's flags (``cluster_bus_args()`` besides for a node of a
+Redis Cluster, whose nodes share one set of these files); ``store_flags(url, role)`` the
+flags a process of that role connects with, as its own ACL user.
 """
 
 from __future__ import annotations
@@ -81,6 +82,19 @@ class RedisSecurity:
             *("--tls-auth-clients", "optional"),
             *("--aclfile", str(self.acl_file)),
         ]
+
+    def cluster_bus_args(self) -> list[str]:
+        """A cluster node's bus and replication links over TLS as well, with the same
+        certificate both ways (it is good as a client certificate too)."""
+        return [*("--tls-cluster", "yes"), *("--tls-replication", "yes")]
+
+    def admin_options(self) -> dict[str, str]:
+        """redis-py options of the operator's user (leak checks, scans, cluster set-up)."""
+        return {
+            "username": ADMIN_USER,
+            "password": self.password(ADMIN_USER),
+            "ssl_ca_certs": str(self.ca_file),
+        }
 
     def store_config(self, url: str, role: Role, **overrides: Any) -> StoreConfig:
         """The StoreConfig of a process of ``role`` on the rediss:// ``url``."""

@@ -68,3 +68,11 @@ def test_batch_without_its_file_or_its_front(tmp_path) -> None:  # type: ignore[
         _run("batch", "submit", str(jobs), "--url", "http://127.0.0.1:9"),
         "cannot reach the coordinator's HTTP front",
     )
+
+
+def test_a_redis_cluster_too_small_to_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "config.json").write_text("{}")
+    model = ("--model", str(tmp_path))
+    _one_clear_line(_run("drill", "notice", *model, "--redis-cluster-masters", "2"), "at least 3")
+    up = ("up", *model, "--port", "0", "--http-port", "0")
+    _one_clear_line(_run(*up, "--redis-cluster-masters", "1"), "at least 3")

@@ -25,3 +25,15 @@ def test_a_notice_length_is_refused_where_the_notice_carries_its_deadline(cloud:
 def test_a_notice_length_outside_gcps_range_is_refused(seconds: float) -> None:
     with pytest.raises(ValueError, match=r"notice_seconds must be in \(0, 120\]"):
         ClusterConfig(model="m", cloud="gcp", notice_seconds=seconds)
+
+
+@pytest.mark.parametrize("masters", [-1, 1, 2])
+def test_a_redis_cluster_of_fewer_than_three_masters_is_refused(masters: int) -> None:
+    with pytest.raises(ValueError, match="0 \\(one redis-server\\) or at least 3"):
+        ClusterConfig(model="m", redis_cluster_masters=masters)
+
+
+def test_a_redis_cluster_of_our_own_does_not_go_with_an_outside_redis() -> None:
+    assert ClusterConfig(model="m", redis_cluster_masters=3).redis_cluster_masters == 3
+    with pytest.raises(ValueError, match="cannot go with --redis-url"):
+        ClusterConfig(model="m", redis_cluster_masters=3, redis_url="redis://10.0.0.1:6379/0")
