@@ -7,7 +7,6 @@ metadata servers): scenarios destroy what they touch.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -24,34 +23,9 @@ from spotinfer.drills.runner import (
     run_drill,
 )
 from spotinfer.loadgen import RequestTrace, Sampling
-from spotinfer.local.cluster import ClusterConfig, LocalCluster
+from spotinfer.local.cluster import LocalCluster
 
 TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "spotserve" / "As.jsonl"
-
-
-@pytest.fixture
-def cluster_factory(tiny_model: Path, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
-    clusters: list[LocalCluster] = []
-
-    def make(**overrides: object) -> LocalCluster:
-        fields: dict[str, object] = {
-            "model": str(tiny_model),
-            "workers": 1,
-            "standbys": 1,
-            "dtype": "float32",
-            "max_model_len": 1024,
-            "memory_gib": 0.25,
-            "log_dir": tmp_path / "logs",
-            "coordinator_flags": ("--record-retention-seconds", "1"),
-        }
-        fields.update(overrides)
-        cluster = LocalCluster(ClusterConfig(**fields)).start()  # type: ignore[arg-type]
-        clusters.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in clusters:
-        cluster.stop()
 
 
 def _drill(cluster: LocalCluster, tmp_path: Path, **options: object) -> DrillOutcome:
