@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -17,6 +18,7 @@ from store import (
     RedisStore,
     RejectReason,
     RequestRecord,
+    StoreConfig,
     block_reads,
 )
 from store import keys as store_keys
@@ -210,3 +212,28 @@ def test_keys_of_a_request_share_one_slot_and_blocks_spread() -> None:
 def test_block_read_names_the_block() -> None:
     read = BlockRead("r-1", 2, bytes(16), 16, is_full=True)
     assert read.name.startswith("r-1#2(block ")
+
+
+def test_a_block_and_its_record_expire_on_ttls_of_their_own(
+    redis_client: redis.Redis | redis.RedisCluster,
+) -> None:
+    """Records and blocks live in separate key spaces (``req:{id}:*``, ``blk:{hash}``), each
+    with its own TTL: a commit restarts the record's and leaves the block's alone, and the
+    block expiring takes nothing of the record that lists it (its tail still loads)."""
+    store = RedisStore(redis_client, StoreConfig(request_ttl_seconds=600, block_ttl_seconds=1))
+    tokens = list(range(4000, 4016 + 3))
+    request_id = create(store, tokens)
+    store.put_blocks(writes_for(request_id, tokens))
+    full, tail = block_reads(request_id, FORMAT, tokens)
+    assert 0 < store.block_ttl_seconds(full.prefix_hash) <= 1
+    store.commit(request_id, 0, [1, 2])
+    record_ttls = store.request_ttl_seconds(request_id)
+    assert len(record_ttls) == 4 and all(590 < ttl <= 600 for ttl in record_ttls.values())
+    assert store.block_ttl_seconds(full.prefix_hash) <= 1, "the commit left the block's TTL"
+    time.sleep(1.5)
+    assert store.block_ttl_seconds(full.prefix_hash) == -2, "the block expired"
+    assert store.request_ttl_seconds(request_id).keys() == record_ttls.keys()
+    assert store.get_request(request_id).persisted_block_hashes == (full.prefix_hash,)
+    missing, loaded_tail = store.get_blocks([full, tail], FORMAT)
+    assert isinstance(missing, BlockRejected) and missing.reason is RejectReason.MISSING
+    assert isinstance(loaded_tail, KVBlock) and loaded_tail.num_tokens == 3
