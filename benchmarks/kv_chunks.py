@@ -55,8 +55,8 @@ from store import (
     block_reads,
 )
 from store.block_codec import header_bytes, seal_block
+from store.constants import KV_WRITE_BATCH_BLOCKS
 from store.redis_link import connect
-from worker.constants import KV_WRITE_BATCH_BLOCKS
 from worker.kv_copy import VLLM_LAYOUTS, BlockShape, KVCopier, layer_views
 from worker.kv_layout import block_buffer, host_tensor
 

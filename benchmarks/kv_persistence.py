@@ -65,9 +65,9 @@ from store import (
     StoreConfig,
 )
 from store.block_codec import chain_hash, encode_block, header_bytes, seal_block
+from store.block_writer import KVBlockWriter, PendingBlock
 from store.redis_link import RedisClient, connect
 from worker.constants import KV_WRITE_QUEUE_BLOCKS
-from worker.kv_block_writer import KVBlockWriter, PendingBlock
 from worker.kv_copy import VLLM_LAYOUTS, BlockShape, KVCopier
 from worker.kv_layout import block_buffer
 

@@ -21,6 +21,7 @@ from context_daemon.constants import (
     DEFAULT_WORKER_ADDRESS,
     NOTICE_SOURCES,
 )
+from context_daemon.peer_staging import StagingConfig
 from store.store_config import StoreConfig
 
 
@@ -50,7 +51,18 @@ class DaemonConfig:
     )
     store: StoreConfig = field(
         default_factory=StoreConfig,
-        metadata={"help": "Redis the worker persists to (for Status); no URL: none"},
+        metadata={
+            "help": "Redis the worker persists to: the daemon writes what its worker hands "
+            "over (--kv-handoff-socket) and reports whether it answers; no URL: none"
+        },
+    )
+    kv_handoff_socket: str = field(
+        default="",
+        metadata={
+            "help": "unix socket where the worker's processes hand over KV blocks and a "
+            "pause's tokens for this daemon to write (the worker's --kv-handoff-socket); "
+            "empty: the worker writes Redis itself"
+        },
     )
     transport: TransportConfig = field(
         default_factory=TransportConfig,
@@ -109,8 +121,17 @@ class DaemonConfig:
     daemon_id: str = field(
         default_factory=_default_daemon_id, metadata={"help": "name in logs and notices"}
     )
+    staging: StagingConfig = field(
+        default_factory=StagingConfig,
+        metadata={
+            "help": "KV blocks peer daemons push to this node (a migration's target), held "
+            "in memory until its worker loads them"
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.kv_handoff_socket and not self.store.url:
+            raise ValueError("--kv-handoff-socket needs --redis-url: the daemon writes there")
         if self.notice_source not in NOTICE_SOURCES:
             raise ValueError(
                 f"notice_source must be one of {NOTICE_SOURCES}, got {self.notice_source!r}"

@@ -3,17 +3,18 @@ its code sends and only the key kinds it touches.
 
 ::
 
-    key kind (keys.KeyKind)   worker        daemon   coordinator
-    ------------------------  ------------  -------  ----------------------------------
-    meta, tokens, blocks,     read + write  -        read + write (adoption reads a
-    tail, tails                                      record and its tokens; a release
-                                                     marks or ends a request's keys)
-    blk (KV blocks)           read + write  -        -
+    key kind (keys.KeyKind)   worker        daemon        coordinator
+    ------------------------  ------------  ------------  ----------------------------------
+    meta, tokens, blocks,     read + write  read + write  read + write (adoption reads a
+    tail, tails                                           record and its tokens; a release
+                                                          marks or ends a request's keys)
+    blk (KV blocks)           read + write  read + write  -
     route                     -             -        read + write
     file-*, batch-* (jobs of  -             -        read + write
     the Batch API)
 
-The daemon only asks whether Redis answers (its health report), so it holds no key at all.
+The daemon writes what its worker hands over (KV blocks, a pause's tokens and marks: the
+worker's own writes, context_daemon/persister.py), so it holds the worker's keys and commands.
 The coordinator's commands leave out APPEND and STRLEN, so its user cannot commit a token,
 and it never touches a KV block. A worker cannot read the coordinators' route records; no
 role may run FLUSHALL, CONFIG, KEYS, DEBUG or any other administrative command: those stay
@@ -124,7 +125,7 @@ _REQUEST_KINDS = (
 
 ACCESS: Mapping[Role, Mapping[KeyKind, Access]] = {
     Role.WORKER: dict.fromkeys(_REQUEST_KINDS, Access.READ_WRITE),
-    Role.DAEMON: {},
+    Role.DAEMON: dict.fromkeys(_REQUEST_KINDS, Access.READ_WRITE),
     Role.COORDINATOR: {
         KeyKind.META: Access.READ_WRITE,
         KeyKind.TOKENS: Access.READ_WRITE,
@@ -138,7 +139,7 @@ ACCESS: Mapping[Role, Mapping[KeyKind, Access]] = {
 
 COMMANDS: Mapping[Role, tuple[str, ...]] = {
     Role.WORKER: _STORE_COMMANDS,
-    Role.DAEMON: (),
+    Role.DAEMON: _STORE_COMMANDS,
     Role.COORDINATOR: tuple(sorted({*_RECORD_COMMANDS, *_ROUTE_COMMANDS, *_BATCH_COMMANDS})),
 }
 

@@ -1,4 +1,4 @@
-"""The connector's write-behind: KV block copies go to Redis on a thread, never on the step.
+"""The KV write-behind: block copies go to Redis on a thread, never on the engine step.
 
 The engine step only copies a block out of the paged cache into the buffer it will be sent
 from (``KVCopier.gather``: room for the header, then the KV) and queues it; this thread
@@ -20,6 +20,13 @@ machine a request can run, and even be paused, before its record exists; the sto
 what names a request it has no record of. So a full block whose link was refused is linked
 again with the request's next writes, and a flush's refused writes (tokens, tail, mark,
 links) are tried again every FLUSH_RETRY_INTERVAL_SECONDS for FLUSH_RETRY_SECONDS.
+
+The same writer runs in two places. In the worker (each rank) when it persists itself; and in
+its context daemon, behind the hand-off (context_daemon/persister.py), where the blocks sit in
+the worker's shared ring. There, ``hold_on_outage`` keeps a batch that met an unreachable
+Redis and tries it again rather than dropping it (the ring bounds what can wait), and
+``on_round`` hears which blocks are done with (written or dropped) so their slots can be
+reused.
 """
 
 from __future__ import annotations
@@ -29,29 +36,21 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
-from store import (
-    BlockWrite,
-    CommitOutcome,
-    ConflictReason,
-    KVFormat,
-    RedisStore,
-    StoreError,
-    StoreUnavailable,
-    TokenCommit,
-)
-from store.block_codec import EncodedBlock, header_bytes, seal_block
-from worker.constants import (
+from store.block_codec import EncodedBlock, KVFormat, header_bytes, seal_block
+from store.block_refs import BlockWrite
+from store.constants import (
     FLUSH_RETRY_INTERVAL_SECONDS,
     FLUSH_RETRY_SECONDS,
     KV_WRITE_BATCH_BLOCKS,
     UNLINKED_BLOCKS_KEEP_SECONDS,
 )
-from worker.kv_layout import block_buffer
+from store.errors import ConflictReason, StoreError, StoreUnavailable
+from store.redis_store import CommitOutcome, RedisStore, TokenCommit
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +109,19 @@ class _Refused:
 class KVBlockWriter:
     """One daemon thread that drains a bounded queue into ``store.put_blocks``."""
 
-    def __init__(self, store: RedisStore, kv_format: KVFormat, max_queued_blocks: int) -> None:
+    def __init__(
+        self,
+        store: RedisStore,
+        kv_format: KVFormat,
+        max_queued_blocks: int,
+        hold_on_outage: bool = False,
+        on_round: Callable[[list[PendingBlock]], None] | None = None,
+    ) -> None:
         self._store = store
+        self._hold_on_outage = hold_on_outage
+        self._on_round = on_round
+        self._held: list[_Item] = []  # a batch that met an outage, tried again (hold_on_outage)
+        self._retry_at = 0.0
         self._kv_format = kv_format
         # Unbounded as a queue; the bound applies to optional saves only (see submit).
         self._queue: queue.Queue[_Item | None] = queue.Queue()
@@ -131,6 +141,21 @@ class KVBlockWriter:
         self._last_retry = 0.0
         self._thread = threading.Thread(target=self._run, name="spot-kv-writer", daemon=True)
         self._thread.start()
+
+    def buffer(self, nbytes: int, required: bool = False) -> torch.Tensor | None:
+        """A buffer for the next block's copy (``KVCopier.gather(out=...)``); None, counted as
+        dropped, for an optional block that the full queue would drop anyway."""
+        if not required and self._queue.qsize() >= self._max_queued_blocks:
+            self._count_dropped(1, "the write queue is full")
+            return None
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    @property
+    def pending_blocks(self) -> int:
+        """Blocks queued or waiting for Redis to answer again (an estimate off the thread)."""
+        with self._lock:
+            held = sum(isinstance(item, PendingBlock) for item in self._held)
+        return self._queue.qsize() + held
 
     def submit(self, block: PendingBlock, required: bool = False) -> None:
         """Queue a block; an optional one is dropped (counted) when the queue is full. Never
@@ -191,17 +216,20 @@ class KVBlockWriter:
 
     def _run(self) -> None:
         while True:
+            if self._held:
+                time.sleep(max(0.0, self._retry_at - time.monotonic()))
             try:
                 first = self._queue.get(
-                    timeout=FLUSH_RETRY_INTERVAL_SECONDS if self._refused else None
+                    timeout=FLUSH_RETRY_INTERVAL_SECONDS if self._refused or self._held else None
                 )
             except queue.Empty:
-                self._write([])
+                self._write(self._take_held())
                 continue
             if first is _STOP:
+                self._write(self._take_held())
                 return
-            batch: list[_Item] = [first]
-            blocks = int(isinstance(first, PendingBlock))
+            batch: list[_Item] = [*self._take_held(), first]
+            blocks = sum(isinstance(item, PendingBlock) for item in batch)
             stop = False
             while blocks < KV_WRITE_BATCH_BLOCKS:
                 try:
@@ -231,7 +259,7 @@ class KVBlockWriter:
             (
                 block,
                 seal_block(
-                    block_buffer(block.data),
+                    block.data.numpy().data.cast("B"),
                     self._kv_format,
                     block.prefix_hash,
                     block.num_tokens or block_tokens,
@@ -265,12 +293,17 @@ class KVBlockWriter:
             stored = self._store.put_blocks(writes) if writes else []
             marked = self._store.mark_paused_without_kv(marks) if marks else []
         except StoreUnavailable as exc:
+            if self._hold_on_outage:
+                self._hold(batch, retried, now, exc)
+                return
             self._count_dropped(len(new_writes), f"Redis is unavailable ({exc})", outage=True)
             self._count_round()
+            self._done(pending)
             return
         except StoreError as exc:
             self._count_dropped(len(new_writes), f"Redis refused the write ({exc})")
             self._count_round()
+            self._done(pending)
             return
         self._settle_refusals(
             now,
@@ -290,6 +323,31 @@ class KVBlockWriter:
             self._settled.notify_all()
         if recovered:
             log.warning("KV persistence resumed: Redis answers again")
+        self._done(pending)
+
+    def _take_held(self) -> list[_Item]:
+        with self._lock:
+            held, self._held = self._held, []
+        return held
+
+    def _hold(
+        self, batch: list[_Item], retried: dict[str, _Refused], now: float, exc: Exception
+    ) -> None:
+        """Keep a batch that met an outage, to try again (its refusals too)."""
+        with self._lock:
+            self._held = batch
+            first_of_outage = not self._unavailable
+            self._unavailable = True
+            self._rounds += 1
+            self._settled.notify_all()
+        self._retry_at = now + FLUSH_RETRY_INTERVAL_SECONDS
+        self._keep_refused(retried, now)
+        if first_of_outage:
+            log.warning("Redis is unavailable (%s): holding KV writes until it answers", exc)
+
+    def _done(self, blocks: list[PendingBlock]) -> None:
+        if self._on_round is not None and blocks:
+            self._on_round(blocks)
 
     def _settle_refusals(
         self,
@@ -327,7 +385,12 @@ class KVBlockWriter:
                 unlinked[write.block_index] = write.block.prefix_hash
                 self._unlinked[write.request_id] = (now, unlinked)
             else:
-                refusal(write.request_id).tails.append(write)
+                # Its own copy: the buffer it was sealed in is given back after this round.
+                assert isinstance(write.block, EncodedBlock)
+                detached = dataclasses.replace(
+                    write.block, data=memoryview(bytes(write.block.data))
+                )
+                refusal(write.request_id).tails.append(dataclasses.replace(write, block=detached))
         for request_id, ok in marked:
             if not ok:
                 refusal(request_id).mark = True

@@ -43,3 +43,14 @@ DEFAULT_BLOCK_TTL_SECONDS = 3600
 # Short socket timeouts: the decode loop must learn quickly that Redis is gone, not hang.
 DEFAULT_SOCKET_TIMEOUT_SECONDS = 2.0
 DEFAULT_SOCKET_CONNECT_TIMEOUT_SECONDS = 1.0
+
+# The block writer (block_writer.py), in a worker or in its context daemon:
+# Most blocks in one write batch (one pipelined round trip): small enough that the queue's
+# order (the flush planner's) decides which paused requests are complete first.
+KV_WRITE_BATCH_BLOCKS = 16
+# The store refuses writes naming a request whose record the token committer has not created
+# yet (it can lag on a busy machine): a flush's refused writes are tried again this often, for
+# this long; a refused link of a full block is kept this long for the request's next writes.
+FLUSH_RETRY_INTERVAL_SECONDS = 0.05
+FLUSH_RETRY_SECONDS = 5.0
+UNLINKED_BLOCKS_KEEP_SECONDS = 60.0

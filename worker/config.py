@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 from common.channels import TransportConfig
 from common.config_source import ConfigSource, unique_name
-from common.messages import PoolLabels
+from common.messages import KvPersistence, PoolLabels
 from common.validation import check_host_port
 from store.store_config import StoreConfig
 from worker.constants import (
+    BYTES_PER_MB,
     DEFAULT_DRAIN_GRACE_SECONDS,
     DEFAULT_KV_CHUNK_TOKENS,
     DEFAULT_LEASE_INTERVAL_SECONDS,
@@ -191,12 +192,31 @@ class WorkerConfig:
         default="",
         metadata={"help": "where staged blocks live; empty: a private folder on /dev/shm"},
     )
+    kv_handoff_socket: str = field(
+        default="",
+        metadata={
+            "help": "the node's context daemon persists KV blocks and a pause's tokens: the "
+            "unix socket it listens on (its --kv-handoff-socket); empty: this process writes "
+            "them to Redis itself"
+        },
+    )
     kv_persist_policy: str = field(
         default="eager",
         metadata={
-            "help": "which KV blocks go to Redis; eager: every block once it is full, "
-            "lazy: none until a termination notice, off: none",
+            "help": "which KV blocks go to Redis; eager: every block once it is full (an "
+            "unannounced loss recomputes only the last partial block), lazy: none until a "
+            "termination notice (then all of them), hybrid: as they fill up to "
+            "--kv-persist-rate-mb-s, the rest at a notice, off: none (tokens are committed "
+            "under every policy)",
             "choices": KV_PERSIST_POLICIES,
+        },
+    )
+    kv_persist_rate_mb_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "hybrid only, and required there: most megabytes (10^6 bytes) per second "
+            "of KV blocks written to Redis as they fill (every rank's shards counted); a "
+            "request's blocks go in order, the request with most blocks unsaved first"
         },
     )
     kv_load: str = field(
@@ -267,13 +287,25 @@ class WorkerConfig:
                 f"scheduling_policy must be one of {SCHEDULING_POLICIES}, "
                 f"got {self.scheduling_policy!r}"
             )
-        if self.kv_persist_policy not in KV_PERSIST_POLICIES:
-            raise ValueError(
-                f"kv_persist_policy must be one of {KV_PERSIST_POLICIES}, "
-                f"got {self.kv_persist_policy!r}"
-            )
+        check_kv_persistence(self.kv_persist_policy, self.kv_persist_rate_mb_s)
         if self.kv_load not in KV_LOAD_MODES:
             raise ValueError(f"kv_load must be one of {KV_LOAD_MODES}, got {self.kv_load!r}")
+        if self.kv_handoff_socket and not self.store.url:
+            raise ValueError(
+                "--kv-handoff-socket hands KV writes to the daemon for Redis: it needs --redis-url"
+            )
+
+    @property
+    def kv_persist_rate_bytes_per_second(self) -> float:
+        """hybrid's cap in bytes per second; 0 under the other policies."""
+        return (self.kv_persist_rate_mb_s or 0.0) * BYTES_PER_MB
+
+    @property
+    def kv_persistence(self) -> KvPersistence:
+        """The policy as this worker applies it: off without a store (nothing persists)."""
+        if not self.store.url:
+            return KvPersistence("off")
+        return KvPersistence(self.kv_persist_policy, self.kv_persist_rate_bytes_per_second)
 
     @property
     def effective_max_tokens_limit(self) -> int:
@@ -285,6 +317,25 @@ class WorkerConfig:
         return tuple(
             part.strip() for value in self.coordinators for part in value.split(",") if part.strip()
         )
+
+
+def check_kv_persistence(policy: str, rate_mb_s: float | None) -> None:
+    """Raises ValueError unless ``policy`` is one of KV_PERSIST_POLICIES and ``rate_mb_s``
+    fits it: a cap is hybrid's and hybrid needs one (a cap under another policy would be
+    ignored, one that is not positive could never be honoured)."""
+    if policy not in KV_PERSIST_POLICIES:
+        raise ValueError(f"kv_persist_policy must be one of {KV_PERSIST_POLICIES}, got {policy!r}")
+    if policy != "hybrid":
+        if rate_mb_s is not None:
+            raise ValueError(
+                f"kv_persist_rate_mb_s caps the hybrid policy only; kv_persist_policy is "
+                f"{policy!r} (use --kv-persist-policy hybrid, or drop the cap)"
+            )
+        return
+    if rate_mb_s is None:
+        raise ValueError("kv_persist_policy hybrid needs kv_persist_rate_mb_s (MB/s, > 0)")
+    if not 0 < rate_mb_s < float("inf"):
+        raise ValueError(f"kv_persist_rate_mb_s must be positive and finite, got {rate_mb_s}")
 
 
 def engine_environment() -> dict[str, str]:

@@ -23,7 +23,15 @@ THROUGHPUT_WINDOW_SECONDS = 5.0
 SERVER_STOP_GRACE_SECONDS = 2.0
 
 # --- persistence (Redis) ----------------------------------------------------------------------
-KV_PERSIST_POLICIES = ("eager", "lazy", "off")
+# eager: every full KV block to Redis as it fills; lazy: none until a notice (then all, at the
+# pause); hybrid: as they fill, up to a rate cap, the rest at the pause; off: never (tokens
+# are committed under every policy but off's KV).
+KV_PERSIST_POLICIES = ("eager", "lazy", "hybrid", "off")
+# hybrid's cap is given in megabytes (10^6 bytes) per second of KV payload, every rank's
+# shards counted; its token bucket holds this many seconds of the rate (at least one block),
+# so a quiet moment lets a short burst of blocks through at once.
+BYTES_PER_MB = 1_000_000
+PERSIST_RATE_BURST_SECONDS = 1.0
 # How a resume's stored KV is read and copied into the cache. async: the store read runs on
 # a thread while the engine steps on (the scheduler is told the count once it is known) and
 # the copy goes through vLLM's asynchronous load path; sync: both inside the engine's step
@@ -49,15 +57,6 @@ DEFAULT_KV_CHUNK_TOKENS = 256
 # Chunks waiting for the connector's writer thread; beyond this, new saves are dropped (counted)
 # rather than holding KV copies in memory without bound while Redis is slow or gone.
 KV_WRITE_QUEUE_BLOCKS = 256
-# Most blocks in one write batch (one pipelined round trip): small enough that the queue's
-# order (the flush planner's) decides which paused requests are complete first.
-KV_WRITE_BATCH_BLOCKS = 16
-# The store refuses writes naming a request whose record the token committer has not created
-# yet (it can lag on a busy machine): a flush's refused writes are tried again this often, for
-# this long; a refused link of a full block is kept this long for the request's next writes.
-FLUSH_RETRY_INTERVAL_SECONDS = 0.05
-FLUSH_RETRY_SECONDS = 5.0
-UNLINKED_BLOCKS_KEEP_SECONDS = 60.0
 # First output index of the request in the engine (0, or the committed length on a resume):
 # the connector commits a paused request's tokens at their true indices.
 KV_PARAM_FIRST_INDEX = "spotinfer_first_index"

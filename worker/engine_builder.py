@@ -108,6 +108,8 @@ class EngineBuilder:
                 self.config.kv_chunk_tokens,
                 self.config.allow_other_vllm,
                 self.config.kv_load,
+                self.config.kv_persist_rate_bytes_per_second,
+                self.config.kv_handoff_socket,
             )
         )
 

@@ -198,13 +198,21 @@ class KVCopier:
         last_tokens: int = 0,
         header_bytes: int = 0,
         pin_memory: bool = False,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A private host copy of blocks ``block_ids`` (in order), all layers, as one flat
         uint8 buffer after ``header_bytes`` free bytes; the last block holds ``last_tokens``
-        tokens (0: full)."""
+        tokens (0: full). ``out``: the buffer to fill (a slot of the daemon's ring), exactly
+        ``header_bytes + value_bytes(...)`` long."""
         views = self._checked(views, block_ids)
         size = self.value_bytes(len(block_ids), last_tokens)
-        out = torch.empty(header_bytes + size, dtype=torch.uint8, pin_memory=pin_memory)
+        if out is None:
+            out = torch.empty(header_bytes + size, dtype=torch.uint8, pin_memory=pin_memory)
+        elif out.dtype != torch.uint8 or out.numel() != header_bytes + size:
+            raise ValueError(
+                f"gather into a {out.numel()}-element {out.dtype} buffer: "
+                f"{header_bytes + size} uint8 needed"
+            )
         trimmed = self.trims(last_tokens)
         full_ids = list(block_ids[:-1]) if trimmed else list(block_ids)
         full_bytes = len(full_ids) * self.num_layers * self.shape.block_bytes

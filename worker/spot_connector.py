@@ -13,7 +13,8 @@ vLLM builds one instance per role, from `kv_transfer_config` (see `connector_con
     update_state_after_alloc: pair the payloads
       with the cache slots vLLM allocated
     build_connector_meta: name the blocks that   wait_for_save: copy those blocks out of the
-      became full this step (policy eager)         cache and hand them to the writer thread
+      became full this step (policy eager; under   cache and hand them to the writer thread
+      hybrid as many as its rate cap grants)
     request_finished (an abort: a pause for      wait_for_save (the step after the abort has
       migration): name every unsaved full block    no forward pass): copy them from the
       and the partial tail, keep the blocks        registered tensors; get_finished: release
@@ -34,7 +35,9 @@ connector commits the token list the engine core holds (the client's stream may 
 behind it; Resume delivers committed tokens the client never saw). The scheduler cannot tell
 a pause from a cancel (both are aborts): it saves on every abort, and a cancelled request's
 keys are deleted by its finish anyway. Policy ``lazy`` saves nothing before that abort,
-``eager`` only the tail and the blocks not yet saved; ``off`` never saves KV.
+``eager`` only the tail and the blocks not yet saved; ``hybrid`` saves blocks as they fill up
+to a rate cap (persist_rate_cap.py), and at the abort whatever the cap held back and the
+tail; ``off`` never saves KV.
 
 Block identity is the store's hash chain over the token ids and the model fingerprint, so the
 scheduler role (which has every request's token ids) names each block by its hash; the worker
@@ -104,12 +107,17 @@ def connector_config(
     chunk_tokens: int = DEFAULT_KV_CHUNK_TOKENS,
     allow_other_vllm: bool = False,
     kv_load: str = "async",
+    rate_cap_bytes_per_second: float = 0.0,
+    handoff_socket: str = "",
 ) -> dict[str, Any]:
-    """The `kv_transfer_config` that makes vLLM load this connector. ``staging_dir``: where
-    this worker stages prefetched blocks as a migration target (see kv_staging.py);
-    ``chunk_tokens``: tokens of KV per stored value (a multiple of vLLM's block size);
-    ``allow_other_vllm``: load even on a vLLM outside SUPPORTED_VLLM_LINE; ``kv_load``: how a
-    resume reads its stored KV (see KV_LOAD_MODES)."""
+    """The `kv_transfer_config` that makes vLLM load this connector. ``policy``: one of
+    KV_PERSIST_POLICIES; ``staging_dir``: where this worker stages prefetched blocks as a
+    migration target (see kv_staging.py); ``chunk_tokens``: tokens of KV per stored value (a
+    multiple of vLLM's block size); ``allow_other_vllm``: load even on a vLLM outside
+    SUPPORTED_VLLM_LINE; ``kv_load``: how a resume reads its stored KV (see KV_LOAD_MODES);
+    ``rate_cap_bytes_per_second``: hybrid's cap (0 under the other policies);
+    ``handoff_socket``: the node's context daemon takes the writes there (store/handoff.py;
+    empty: each rank writes Redis itself)."""
     return {
         "kv_connector": SPOT_CONNECTOR_CLASS,
         "kv_connector_module_path": SPOT_CONNECTOR_MODULE,
@@ -122,6 +130,8 @@ def connector_config(
             "chunk_tokens": chunk_tokens,
             "allow_other_vllm": allow_other_vllm,
             "kv_load": kv_load,
+            "rate_cap_bytes_per_second": rate_cap_bytes_per_second,
+            "handoff_socket": handoff_socket,
         },
     }
 
@@ -201,10 +211,16 @@ class SpotKVConnector(KVConnectorBase_V1):
                     ),
                 ],
                 KVFetcher(store_config, store),
+                float(extra.get_from_extra_config("rate_cap_bytes_per_second", 0.0)),
             )
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = SpotConnectorWorker(
-                kv_cache_config, kv_format, copier, store, place.tp_rank
+                kv_cache_config,
+                kv_format,
+                copier,
+                store,
+                place.tp_rank,
+                str(extra.get_from_extra_config("handoff_socket", "")),
             )
 
     @property
@@ -286,11 +302,12 @@ class SpotKVConnector(KVConnectorBase_V1):
     def get_kv_connector_stats(self) -> PersistStats | None:
         """What the worker role's writer persisted since the last call (the worker's metrics
         add it up); the scheduler role's: the blocks each resumed request had refused by
-        their MAC (its MIGRATED / RECOVERED event says so)."""
+        their MAC (its MIGRATED / RECOVERED event says so) and the blocks hybrid's rate cap
+        held back."""
         if self.connector_worker is None:
             if self.connector_scheduler is None:
                 return None
-            return self.connector_scheduler.rejections_report()
+            return self.connector_scheduler.report()
         return self.connector_worker.get_kv_connector_stats()
 
     @classmethod

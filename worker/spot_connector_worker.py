@@ -1,6 +1,6 @@
 """The spot connector's worker side (in the model runner): it copies verified payloads into
 the paged cache, copies the blocks the scheduler side named out of it after a forward pass,
-and hands them to the write-behind thread (kv_block_writer.py). It only copies bytes: which
+and hands them to the write-behind thread (store/block_writer.py). It only copies bytes: which
 block is which, the scheduler side decided. See spot_connector.py for both sides.
 
 A load is synchronous (copied before the step's forward pass) or, when the scheduler side
@@ -25,8 +25,9 @@ import torch
 
 from store import KVFormat, RedisStore
 from store.block_codec import header_bytes
+from store.block_writer import KVBlockWriter, PendingBlock
 from worker.constants import KV_WRITE_QUEUE_BLOCKS
-from worker.kv_block_writer import KVBlockWriter, PendingBlock
+from worker.daemon_writer import HandoffWriter
 from worker.kv_copy import KVCopier, as_bytes
 from worker.kv_layout import check_tensors, host_tensor, layer_names
 from worker.persist_stats import (
@@ -60,6 +61,7 @@ class SpotConnectorWorker:
         copier: KVCopier,
         store: RedisStore,
         tp_rank: int = 0,
+        handoff_socket: str = "",
     ) -> None:
         self._kv_format = kv_format
         self._tp_rank = tp_rank
@@ -74,7 +76,18 @@ class SpotConnectorWorker:
         self._loaded_from_store = 0
         self._found_cached = 0
         self._mac_rejected = 0
-        self._writer = KVBlockWriter(store, kv_format, KV_WRITE_QUEUE_BLOCKS)
+        self._writer: KVBlockWriter | HandoffWriter
+        if handoff_socket:
+            full_blocks, _ = copier.last_block_tokens(kv_format.block_tokens)
+            self._writer = HandoffWriter(
+                handoff_socket,
+                store,
+                kv_format,
+                self._header_bytes + copier.value_bytes(full_blocks),
+                KV_WRITE_QUEUE_BLOCKS,
+            )
+        else:
+            self._writer = KVBlockWriter(store, kv_format, KV_WRITE_QUEUE_BLOCKS)
         self._persist_reporter = PersistReporter()
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-kv-load")
         self._receiving: list[tuple[str, Future[None]]] = []
@@ -142,16 +155,18 @@ class SpotConnectorWorker:
         for commit in meta.commits if first_rank else ():
             self._writer.submit_tokens(commit)
         for save in meta.saves:
+            last = self._copier.last_block_tokens(save.num_tokens)[1]
+            nbytes = self._header_bytes + self._copier.value_bytes(len(save.block_ids), last)
+            buffer = self._writer.buffer(nbytes, save.required)
+            if buffer is None:
+                continue  # dropped (counted): the queue or the daemon's ring is full
             self._writer.submit(
                 PendingBlock(
                     request_id=save.request_id,
                     block_index=save.block_index,
                     prefix_hash=save.prefix_hash,
                     data=self._copier.gather(
-                        self._tensors,
-                        save.block_ids,
-                        self._copier.last_block_tokens(save.num_tokens)[1],
-                        self._header_bytes,
+                        self._tensors, save.block_ids, last, self._header_bytes, out=buffer
                     ),
                     num_tokens=save.num_tokens,
                 ),

@@ -144,11 +144,19 @@ def test_the_coordinator_keeps_route_records_and_cannot_commit_tokens(
         _client(secure_redis, Role.COORDINATOR.value).execute_command("FLUSHALL")
 
 
-def test_the_daemon_user_only_pings(stores: dict[Role, RedisStore]) -> None:
+def test_the_daemon_user_writes_requests_but_no_route(
+    stores: dict[Role, RedisStore], secure_redis: RedisProcess
+) -> None:
+    """The daemon persists its worker's hand-over: request keys and KV blocks, as the
+    worker's user may; the coordinators' route records and admin commands stay out of reach."""
     daemon = stores[Role.DAEMON]
     assert daemon.is_available()
-    with pytest.raises(StoreError, match="NOPERM|no permissions"):
-        daemon.get_request("anything")
+    with pytest.raises(RequestNotFound):
+        daemon.get_request("anything")  # allowed: there is just no such request
+    with pytest.raises(NoPermissionError):
+        _client(secure_redis, Role.DAEMON.value).execute_command("FLUSHALL")
+    with pytest.raises(NoPermissionError):
+        _client(secure_redis, Role.DAEMON.value).hgetall(keys.request_route_key("anything"))
 
 
 def test_plaintext_and_a_foreign_ca_are_refused(secure_redis: RedisProcess, tmp_path: Path) -> None:

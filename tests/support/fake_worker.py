@@ -259,3 +259,7 @@ class FakeDaemon:
         self.calls.append(Call(self.address, "flush"))
         for report in self.reports():
             yield report
+
+    async def settle(self, timeout_seconds: float) -> bool:
+        self.calls.append(Call(self.address, "settle"))
+        return True

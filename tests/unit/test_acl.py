@@ -41,10 +41,11 @@ def test_each_pattern_matches_its_own_kind_only() -> None:
         assert matching == {kind}, (key, matching)
 
 
-def test_the_worker_cannot_reach_route_records_and_the_daemon_no_key() -> None:
+def test_the_worker_cannot_reach_route_records_and_the_daemon_writes_as_its_worker() -> None:
     worker_patterns = [key_pattern(kind) for kind in ACCESS[Role.WORKER]]
     assert not any(fnmatchcase(EXAMPLE_KEYS[KeyKind.ROUTE], p) for p in worker_patterns)
-    assert ACCESS[Role.DAEMON] == {}
+    # The daemon persists what its worker hands over: the worker's keys, never a route.
+    assert ACCESS[Role.DAEMON] == ACCESS[Role.WORKER]
     assert KeyKind.BLOCK not in ACCESS[Role.COORDINATOR]  # never a KV block
     # Batch jobs and their files are the coordinator's alone.
     batch_keys = [

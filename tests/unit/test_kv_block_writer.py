@@ -19,10 +19,10 @@ from store import (
     tail_hash,
 )
 from store.block_codec import header_bytes
+from store.block_writer import KVBlockWriter, PendingBlock
 from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until
 from worker.flush_state import read_flush_state
-from worker.kv_block_writer import KVBlockWriter, PendingBlock
 
 FORMAT = KVFormat(
     model_fingerprint="tiny-llama:fp32:writer",
