@@ -20,6 +20,31 @@ class FlushReport:
     worker_id: str
 
 
+# Megabytes as --kv-persist-rate-mb-s counts them.
+_BYTES_PER_MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class KvPersistence:
+    """Which KV blocks a worker writes to Redis (the `KvPersistence` message): its
+    ``--kv-persist-policy`` (``off`` without a store) and, under ``hybrid``, the cap."""
+
+    policy: str = ""
+    """eager | lazy | hybrid | off; empty: not reported (a launcher's registration, or a
+    worker of an older release)."""
+    rate_cap_bytes_per_second: float = 0.0
+    """hybrid's cap; 0 under the other policies."""
+
+    @property
+    def label(self) -> str:
+        """As `spotinfer status` shows it: ``hybrid 5 MB/s``, ``eager``, ``-``."""
+        if not self.policy:
+            return "-"
+        if not self.rate_cap_bytes_per_second:
+            return self.policy
+        return f"{self.policy} {self.rate_cap_bytes_per_second / _BYTES_PER_MB:g} MB/s"
+
+
 @dataclass(frozen=True)
 class WorkerCapacity:
     """What a worker reports in Stats (the `WorkerStats` message); the coordinator keeps the
@@ -43,6 +68,7 @@ class WorkerCapacity:
     stopping_deadline_unix: float = 0.0
     """> 0: the worker is being stopped (SIGTERM) and leaves by then; its requests move as
     on a termination notice."""
+    kv_persistence: KvPersistence = KvPersistence()
 
     @property
     def kv_blocks_used(self) -> int:

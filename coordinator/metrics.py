@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from common.requests import FinishReason, SlaClass
+from coordinator.persist_policy import ClusterPersistence
 
 # Decode steps of a small model on a CPU take milliseconds; a queued first token, seconds.
 _TTFT_BUCKETS_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -88,6 +89,7 @@ class CoordinatorMetrics:
             ["worker"],
             registry=r,
         )
+        self._add_persistence_metrics(r)
         for sla in SlaClass:
             self.queue_depth.labels(sla.name).set(0)
             self.ttft.labels(sla.name)
@@ -105,6 +107,29 @@ class CoordinatorMetrics:
             self.ttft.labels(sla_class.name).observe(ttft_seconds)
         if tpot_seconds is not None:
             self.tpot.labels(sla_class.name).observe(tpot_seconds)
+
+    def _add_persistence_metrics(self, r: CollectorRegistry) -> None:
+        """The workers' KV persistence policies (see coordinator/persist_policy.py)."""
+        self.kv_persist_policy_workers = Gauge(
+            PREFIX + "kv_persist_policy_workers",
+            "workers applying each KV persistence policy (eager | lazy | hybrid | off), as "
+            "their Stats report it; one policy per cluster is the plan",
+            ["policy"],
+            registry=r,
+        )
+        self.kv_persist_policies_disagree = Gauge(
+            PREFIX + "kv_persist_policies_disagree",
+            "1 while the cluster's workers apply different KV persistence policies (or hybrid "
+            "caps): see the coordinator's log or spotinfer status",
+            registry=r,
+        )
+
+    def persistence(self, cluster: ClusterPersistence) -> None:
+        """The workers' KV persistence policies, after a heartbeat round."""
+        self.kv_persist_policy_workers.clear()
+        for persistence, worker_ids in cluster.workers.items():
+            self.kv_persist_policy_workers.labels(persistence.policy).inc(len(worker_ids))
+        self.kv_persist_policies_disagree.set(1 if cluster.warning else 0)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -57,6 +57,7 @@ from coordinator.heartbeat import Heartbeat
 from coordinator.http_front import HttpFront
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.migration import Migrations
+from coordinator.persist_policy import PersistPolicyWatch, cluster_persistence
 from coordinator.prompt_tokenizer import PromptTokenizer
 from coordinator.registry import Registry, WorkerEntry, WorkerRole, WorkerState
 from coordinator.request_table import RequestTable
@@ -67,6 +68,7 @@ from coordinator.worker_client import WorkerClient
 from protos.convert import (
     chunk_to_proto,
     class_cap_to_proto,
+    kv_persistence_to_proto,
     pool_to_proto,
     priority_from_proto,
     registration_from_proto,
@@ -334,12 +336,15 @@ class ControlService(control_pb2_grpc.ControlServicer):
             )
             for sla in SlaClass
         ]
+        persistence = cluster_persistence(self._registry)
         return control_pb2.ClusterStatusResponse(
             workers=[self._worker_info(e) for e in self._registry],
             queues=queues,
             in_flight=self._dispatcher.in_flight,
             standbys_ready=self._pool.ready,
             batch_jobs=await self._batch_job_statuses(),
+            kv_persistence=kv_persistence_to_proto(persistence.agreed),
+            kv_persistence_warning=persistence.warning,
         )
 
     async def _batch_job_statuses(self) -> list[control_pb2.BatchJobStatus]:
@@ -434,6 +439,7 @@ class Coordinator:
             self.adoption,
             disconnect_grace_seconds=config.disconnect_grace_seconds,
         )
+        self.persist_policies = PersistPolicyWatch()
         self.heartbeat = Heartbeat(
             self.registry, config.heartbeat_interval_seconds, after_beat=self._after_beat
         )
@@ -502,6 +508,7 @@ class Coordinator:
         for entry in self.registry:
             self.metrics.workers.labels(entry.role.value, entry.state.value).inc()
         self.metrics.standbys_ready.set(self.pool.ready)
+        self.metrics.persistence(self.persist_policies.check(self.registry))
 
     def serving(self) -> bool:
         return bool(self.registry.routable() or self.registry.ready_standbys())

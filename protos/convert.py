@@ -10,6 +10,7 @@ from __future__ import annotations
 from common.messages import (
     ClassCapView,
     FlushReport,
+    KvPersistence,
     NoticeEvent,
     PoolLabels,
     PrefetchResult,
@@ -226,6 +227,7 @@ def worker_stats_to_proto(stats: WorkerCapacity) -> worker_pb2.WorkerStats:
         generated_tokens_total=stats.generated_tokens_total,
         requests_total=stats.requests_total,
         stopping_deadline_unix=stats.stopping_deadline_unix,
+        kv_persistence=kv_persistence_to_proto(stats.kv_persistence),
     )
 
 
@@ -247,7 +249,19 @@ def worker_stats_from_proto(msg: worker_pb2.WorkerStats) -> WorkerCapacity:
         generated_tokens_total=msg.generated_tokens_total,
         requests_total=msg.requests_total,
         stopping_deadline_unix=msg.stopping_deadline_unix,
+        kv_persistence=kv_persistence_from_proto(msg.kv_persistence),
     )
+
+
+def kv_persistence_to_proto(persistence: KvPersistence) -> worker_pb2.KvPersistence:
+    return worker_pb2.KvPersistence(
+        policy=persistence.policy,
+        rate_cap_bytes_per_second=persistence.rate_cap_bytes_per_second,
+    )
+
+
+def kv_persistence_from_proto(msg: worker_pb2.KvPersistence) -> KvPersistence:
+    return KvPersistence(policy=msg.policy, rate_cap_bytes_per_second=msg.rate_cap_bytes_per_second)
 
 
 def prefetch_result_to_proto(result: PrefetchResult) -> worker_pb2.PrefetchResponse:

@@ -4,7 +4,9 @@
 Where each number comes from::
 
     vLLM stat logger, once per step ──on_step──▶ batch size (histogram), generated tokens,
-                                                 vLLM preemptions, KV bytes persisted
+                                                 vLLM preemptions, KV bytes persisted, KV
+                                                 blocks hybrid's rate cap held back
+    the config, at start ──describe_persistence▶ KV persistence policy and rate cap
     gRPC edge, per request ──RequestTimer──────▶ TTFT / TPOT (histograms), finished requests,
                                                  resumes and recomputed tokens, notices
     token committer thread ──observe_commit────▶ commit round-trip latency (histogram)
@@ -28,6 +30,7 @@ from typing import Any, Protocol
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     start_http_server,
@@ -35,6 +38,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from common.messages import KvPersistence
 from common.requests import EventKind, FinishReason, SlaClass, TokenChunk
 from worker.energy import EnergyMeter, meter_for
 from worker.engine_stats import StepRecord
@@ -53,6 +57,7 @@ _PERSIST_WRITTEN_BLOCKS = "written_blocks"
 _PERSIST_WRITTEN_BYTES = "written_bytes"
 _PERSIST_DROPPED_BLOCKS = "dropped_blocks"
 _PERSIST_MAC_REJECTED_BLOCKS = "mac_rejected_blocks"
+_PERSIST_DEFERRED_BLOCKS = "deferred_blocks"
 _LOADED_BY_SOURCE = {
     "staging": "loaded_staged_blocks",
     "store": "loaded_store_blocks",
@@ -116,6 +121,26 @@ class WorkerMetrics:
         self.kv_dropped_blocks = Counter(
             PREFIX + "kv_dropped_blocks",
             "KV block writes given up (queue full or Redis away): recomputed if resumed",
+            registry=r,
+        )
+        self.kv_deferred_blocks = Counter(
+            PREFIX + "kv_deferred_blocks",
+            "full KV blocks the hybrid policy's rate cap held back in the step they filled "
+            "(saved later as the cap allows, or at a notice; an abrupt loss meanwhile "
+            "recomputes them)",
+            registry=r,
+        )
+        self.kv_persist_policy = Gauge(
+            PREFIX + "kv_persist_policy",
+            "1 for the KV persistence policy this worker applies (eager | lazy | hybrid | "
+            "off; off without a store)",
+            ["policy"],
+            registry=r,
+        )
+        self.kv_persist_rate_cap = Gauge(
+            PREFIX + "kv_persist_rate_cap_bytes_per_second",
+            "hybrid: most bytes per second of KV blocks written to Redis as they fill "
+            "(0: no cap, under the other policies)",
             registry=r,
         )
         self.kv_mac_rejected_blocks = Counter(
@@ -199,6 +224,12 @@ class WorkerMetrics:
 
     # -- feeds -----------------------------------------------------------------------------
 
+    def describe_persistence(self, persistence: KvPersistence) -> None:
+        """The policy and cap the worker runs with (set once, at start)."""
+        self.kv_persist_policy.clear()
+        self.kv_persist_policy.labels(persistence.policy).set(1)
+        self.kv_persist_rate_cap.set(persistence.rate_cap_bytes_per_second)
+
     def read_live_from(self, source: LiveSource) -> None:
         """Where scrape-time gauges come from (the engine, once it exists)."""
         self._live.source = source
@@ -215,6 +246,7 @@ class WorkerMetrics:
             self.kv_persisted_bytes.inc(int(persisted.get(_PERSIST_WRITTEN_BYTES, 0)))
             self.kv_persisted_blocks.inc(int(persisted.get(_PERSIST_WRITTEN_BLOCKS, 0)))
             self.kv_dropped_blocks.inc(int(persisted.get(_PERSIST_DROPPED_BLOCKS, 0)))
+            self.kv_deferred_blocks.inc(int(persisted.get(_PERSIST_DEFERRED_BLOCKS, 0)))
             self.kv_mac_rejected_blocks.inc(int(persisted.get(_PERSIST_MAC_REJECTED_BLOCKS, 0)))
             for source, key in _LOADED_BY_SOURCE.items():
                 self.kv_loaded_blocks.labels(source).inc(int(persisted.get(key, 0)))

@@ -27,6 +27,9 @@ LOADED_STORE_BLOCKS = "loaded_store_blocks"
 CACHED_BLOCKS = "cached_blocks"
 # Stored blocks a resume refused because their MAC failed (recomputed instead).
 MAC_REJECTED_BLOCKS = "mac_rejected_blocks"
+# Full blocks the hybrid policy's rate cap held back in the step they filled (from the
+# scheduler role): saved in a later step as the cap allows, or at the pause.
+DEFERRED_BLOCKS = "deferred_blocks"
 # The same per request ("<MAC_REJECTED_REQUEST_PREFIX><request id>" → blocks; and
 # LAYOUT_REJECTED_REQUEST_PREFIX for blocks another layout wrote), from the
 # scheduler role, which finds them before the request's first step, so the resume's event can
@@ -39,6 +42,7 @@ KEYS = (
     LOADED_STORE_BLOCKS,
     CACHED_BLOCKS,
     MAC_REJECTED_BLOCKS,
+    DEFERRED_BLOCKS,
 )
 
 
@@ -71,10 +75,11 @@ class PersistReporter:
         self._reported = dict.fromkeys(KEYS, 0)
 
     def report(self, totals: dict[str, int]) -> PersistStats | None:
-        delta = {key: totals[key] - self._reported[key] for key in KEYS}
+        """``totals``: running totals of some of `KEYS` (the scheduler role counts others)."""
+        delta = {key: totals.get(key, 0) - self._reported[key] for key in KEYS}
         if not any(delta.values()):
             return None
-        self._reported = dict(totals)
+        self._reported = {key: totals.get(key, 0) for key in KEYS}
         return PersistStats(data=delta)
 
 

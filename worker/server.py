@@ -178,10 +178,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def Stats(  # noqa: N802
         self, request: worker_pb2.StatsRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.WorkerStats:
-        return worker_stats_to_proto(capacity(self._engine.status(), self._engine.config.model))
+        return worker_stats_to_proto(capacity(self._engine.status(), self._engine.config))
 
 
-def capacity(status: WorkerStatus, model: str) -> WorkerCapacity:
+def capacity(status: WorkerStatus, config: WorkerConfig) -> WorkerCapacity:
     """The engine's status as the Stats message reports it."""
     shape = status.shape
     total = shape.kv_blocks_total if shape is not None else 0
@@ -198,11 +198,12 @@ def capacity(status: WorkerStatus, model: str) -> WorkerCapacity:
         kv_block_tokens=shape.kv_block_tokens if shape is not None else 0,
         max_num_seqs=shape.max_num_seqs if shape is not None else 0,
         max_model_len=shape.max_model_len if shape is not None else 0,
-        model=model,
+        model=config.model,
         tokens_per_second=status.engine.tokens_per_second,
         generated_tokens_total=status.engine.generated_tokens_total,
         requests_total=status.requests_total,
         stopping_deadline_unix=status.stopping_deadline_unix,
+        kv_persistence=config.kv_persistence,
     )
 
 
@@ -213,6 +214,7 @@ async def serve(config: WorkerConfig, stop: asyncio.Event | None = None) -> int:
 
     store = RedisStore.from_config(config.store) if config.store.url else None
     metrics = WorkerMetrics()
+    metrics.describe_persistence(config.kv_persistence)
     engine = Engine(config, store, metrics)
     metrics.read_live_from(lambda: live_numbers(engine))
     if config.metrics_port:
@@ -311,7 +313,7 @@ def _registrar(config: WorkerConfig, engine: Engine, advertised: str) -> Registr
             daemon_address=daemon_address,
             lease_ttl_seconds=config.lease_ttl_seconds,
             pool=config.pool,
-            capacity=capacity(engine.status(), config.model),
+            capacity=capacity(engine.status(), config),
             model_fingerprint=engine.fingerprint,
             model=config.model,
         )

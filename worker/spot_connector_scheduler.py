@@ -1,7 +1,7 @@
 """The spot connector's scheduler side (in the engine core): it tracks the requests that carry
 our id, plans what a resume loads from staging or Redis, and names, step by step, the blocks
-to save, the token lists to commit and the cache slots to keep until they are copied. See
-spot_connector.py for both sides at once.
+to save (block_saves.py decides which), the token lists to commit and the cache slots to keep
+until they are copied. See spot_connector.py for both sides at once.
 
 Block identity is the store's hash chain over the token ids and the model fingerprint; this
 side has every request's token ids, so it names each block by its hash. A tensor-parallel
@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,13 +31,11 @@ from store import (
     TokenCommit,
     block_hashes,
     block_reads,
-    tail_hash,
 )
 from store.block_codec import Buffer, decode_block
 from store.block_refs import BlockRead
+from worker.block_saves import BlockSaves, Flush, add_flushes
 from worker.constants import (
-    FLUSH_ASSUMED_BYTES_PER_SECOND,
-    FLUSH_ASSUMED_ROUND_TRIP_SECONDS,
     KV_PARAM_FIRST_INDEX,
     KV_PARAM_REQUEST_ID,
     KV_PARAM_RESUME,
@@ -46,11 +45,11 @@ from worker.constants import (
     LOOKUP_ATTEMPTS,
     MAC_REJECTED_REQUEST_PREFIX,
 )
-from worker.flush_planner import FlushKind, LinkEstimate, PendingWork, plan_flush
 from worker.kv_fetcher import BlockReader, KVFetcher
 from worker.kv_staging import read_staged, staged_name
-from worker.persist_stats import PersistStats
-from worker.spot_connector_metadata import BlockLoad, BlockSave, SpotConnectorMetadata
+from worker.persist_rate_cap import PersistRateCap
+from worker.persist_stats import DEFERRED_BLOCKS, PersistStats
+from worker.spot_connector_metadata import BlockLoad, SpotConnectorMetadata
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -69,19 +68,6 @@ Sharded = tuple[KVBlock, ...]
 """One stored block as every rank's shard of it (one element for an unsharded worker)."""
 
 
-@dataclass(frozen=True)
-class _Flush:
-    """What an aborted request still has to write (named at request_finished)."""
-
-    vllm_id: str
-    commit: TokenCommit | None
-    saves: list[BlockSave]
-    without_kv: str = ""
-    """Our id when the engine had computed none of the request's KV (it had not been
-    scheduled yet): nothing to save, and the record is marked so the flush counts as
-    complete without blocks or tail."""
-
-
 @dataclass
 class _Tracked:
     """Scheduler-side state of one request that persists its KV."""
@@ -94,6 +80,7 @@ class _Tracked:
     tenant: str = ""  # whose request: its blocks are named by the tenant's chain
     chain: list[bytes] = field(default_factory=list)  # hashes of blocks 0.. named so far
     saved_blocks: int = 0  # blocks [0, saved_blocks) are stored (saved or loaded)
+    full_seen: int = 0  # full blocks counted so far as saved or held back by the rate cap
     plan: _LoadPlan | None = None
     lookup: Future[_LoadPlan] | None = None  # kv_load async: the store read under way
     lookup_computed: int = -1  # the local hit that read was planned from
@@ -210,31 +197,6 @@ def _load_shard(
     return [block for block in loaded if block is not None], staged
 
 
-def add_flushes(meta: SpotConnectorMetadata, flushes: list[_Flush], block_bytes: int) -> None:
-    """Queue the flushes in the planner's order: every token list first, then the KV of the
-    requests with the least of it (the most requests complete soonest). ``block_bytes``: one
-    stored chunk's bytes, all layers."""
-    by_id = {flush.vllm_id: flush for flush in flushes}
-    plan = plan_flush(
-        [
-            PendingWork(
-                flush.vllm_id,
-                len(flush.commit.token_ids) if flush.commit else 0,
-                len(flush.saves) * block_bytes,
-            )
-            for flush in flushes
-        ],
-        LinkEstimate(FLUSH_ASSUMED_BYTES_PER_SECOND, FLUSH_ASSUMED_ROUND_TRIP_SECONDS),
-        seconds_left=float("inf"),
-    )
-    meta.commits.extend(flush.commit for flush in flushes if flush.commit is not None)
-    for step in plan.steps:
-        if step.kind is FlushKind.KV:
-            meta.saves.extend(by_id[step.request_id].saves)
-    meta.released.extend(flush.vllm_id for flush in flushes if flush.saves)
-    meta.without_kv.extend(flush.without_kv for flush in flushes if flush.without_kv)
-
-
 def _lookups(
     kv_load: str, fetcher: KVFetcher | None
 ) -> tuple[ThreadPoolExecutor | None, KVFetcher | None]:
@@ -250,7 +212,9 @@ def _lookups(
 
 class SpotConnectorScheduler:
     """The scheduler role's half of `SpotKVConnector` (vLLM calls it from the engine core's
-    scheduler, one thread). ``policy``: ``eager``, ``lazy`` or ``off`` (see spot_connector.py);
+    scheduler, one thread). ``policy``: ``eager``, ``lazy``, ``hybrid`` or ``off`` (see
+    spot_connector.py); ``rate_cap_bytes_per_second``: hybrid's cap (persist_rate_cap.py),
+    measured on ``clock``;
     ``staging_root``: where a migration staged blocks for this worker, if anywhere;
     ``loads_refused``: why resumes must recompute instead of loading (empty: they load);
     ``kv_load``: ``async`` reads a resume's stored KV on a thread while the engine steps on
@@ -270,7 +234,12 @@ class SpotConnectorScheduler:
         kv_load: str = "async",
         shard_formats: Sequence[KVFormat] = (),
         fetcher: KVFetcher | None = None,
+        rate_cap_bytes_per_second: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        assert (policy == "hybrid") == (rate_cap_bytes_per_second > 0), (
+            "the worker's config pairs a rate cap with hybrid, and only with it"
+        )
         self._kv_cache_config = kv_cache_config
         # Every rank's format, rank order (the first is ``kv_format``): a resume reads them all.
         self._shard_formats = tuple(shard_formats) or (kv_format,)
@@ -288,12 +257,23 @@ class SpotConnectorScheduler:
         self._staging_root = staging_root
         self._tracked: dict[str, _Tracked] = {}
         self._loads: list[BlockLoad] = []
-        self._flushes: list[_Flush] = []
+        self._flushes: list[Flush] = []
         self._final_commits: list[TokenCommit] = []
         self._cached_blocks = 0
         self._mac_rejected_blocks = 0
         # "<refusal prefix><request id>" -> blocks (see worker/constants.py).
         self._rejected_by_request: dict[str, int] = {}
+        rate_cap = (
+            PersistRateCap(
+                rate_cap_bytes_per_second,
+                # Every rank writes its shard of each block: the cap counts them all.
+                kv_format.layer_count * self._block_bytes_per_layer() * len(self._shard_formats),
+                clock,
+            )
+            if rate_cap_bytes_per_second > 0
+            else None
+        )
+        self._saves = BlockSaves(kv_format, self._engine_block_tokens, rate_cap)
 
     def on_new_request(self, request: Request) -> None:
         params = request.kv_transfer_params or {}
@@ -426,13 +406,17 @@ class SpotConnectorScheduler:
                 by_request[key] = by_request.get(key, 0) + 1
         log.warning("resume of %s: %s; its tokens are recomputed", tracked.request_id, block)
 
-    def rejections_report(self) -> PersistStats | None:
-        """The blocks refused by their MAC or their layout, per request, since the last call
-        (vLLM sends the scheduler role's stats with the outputs of the step they were found
-        in)."""
+    def report(self) -> PersistStats | None:
+        """Since the last call: the blocks refused by their MAC or their layout, per request,
+        and the blocks the rate cap held back as they filled (vLLM sends the scheduler role's
+        stats with the outputs of the step they were found in)."""
         with self._counts_lock:
             rejected, self._rejected_by_request = self._rejected_by_request, {}
-        return PersistStats(data=dict(rejected)) if rejected else None
+        data = dict(rejected)
+        deferred = self._saves.take_deferred()
+        if deferred:
+            data[DEFERRED_BLOCKS] = deferred
+        return PersistStats(data=data) if data else None
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -446,7 +430,7 @@ class SpotConnectorScheduler:
         block_ids = blocks.get_block_ids()[0]
         for offset, shards in enumerate(plan.blocks):
             block = shards[0]
-            slots = self._slots(block_ids, plan.first_block + offset, block.num_tokens)
+            slots = self._saves.slots(block_ids, plan.first_block + offset, block.num_tokens)
             # The local hit may end inside the first chunk: its leading blocks are cached.
             first = plan.skip_blocks if offset == 0 else 0
             if len(slots) <= first:
@@ -492,59 +476,9 @@ class SpotConnectorScheduler:
             add_flushes(meta, self._flushes, block_bytes)
             self._flushes = []
         meta.final_commits, self._final_commits = self._final_commits, []
-        if self._policy != "eager":
-            return meta
-        block_state = scheduler_output.kv_connector_block_state
-        for vllm_id, scheduled in scheduler_output.num_scheduled_tokens.items():
-            tracked = self._tracked.get(vllm_id)
-            if tracked is None or tracked.warm or block_state is None:
-                continue
-            # The worker role saves after this step's forward pass, so every block that is
-            # full once this step's tokens are computed can go now.
-            full_blocks = (tracked.request.num_computed_tokens + scheduled) // (
-                self._kv_format.block_tokens
-            )
-            if full_blocks <= tracked.saved_blocks:
-                continue
-            ids = block_state.get_block_ids(vllm_id)
-            if ids is None:
-                continue
-            meta.saves.extend(self._name_new_blocks(tracked, full_blocks, ids[0]))
+        if self._policy in ("eager", "hybrid"):
+            meta.saves.extend(self._saves.this_step(scheduler_output, self._tracked))
         return meta
-
-    def _slots(self, block_ids: list[int], chunk_index: int, num_tokens: int) -> tuple[int, ...]:
-        """The cache slots of chunk ``chunk_index`` that hold its ``num_tokens`` tokens (those
-        vLLM allocated: a chunk may run past the request's last allocated block)."""
-        start = chunk_index * self._blocks_per_chunk
-        count = -(-num_tokens // self._engine_block_tokens)
-        return tuple(block_ids[start : start + count])
-
-    def _name_new_blocks(
-        self, tracked: _Tracked, full_blocks: int, block_ids: list[int]
-    ) -> list[BlockSave]:
-        block_tokens = self._kv_format.block_tokens
-        token_ids = tracked.request.all_token_ids
-        full_blocks = min(
-            full_blocks, len(token_ids) // block_tokens, len(block_ids) // self._blocks_per_chunk
-        )
-        if len(tracked.chain) < full_blocks:
-            tracked.chain = block_hashes(
-                self._kv_format.model_fingerprint,
-                list(token_ids[: full_blocks * block_tokens]),
-                block_tokens,
-                tracked.tenant,
-            )
-        saves = [
-            BlockSave(
-                tracked.request_id,
-                index,
-                self._slots(block_ids, index, block_tokens),
-                tracked.chain[index],
-            )
-            for index in range(tracked.saved_blocks, full_blocks)
-        ]
-        tracked.saved_blocks = max(tracked.saved_blocks, full_blocks)
-        return saves
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -559,7 +493,7 @@ class SpotConnectorScheduler:
         delay_free = False
         aborted = request.status == VllmRequestStatus.FINISHED_ABORTED
         if aborted and self._policy != "off" and not tracked.warm:
-            flush = self._name_flush(tracked, block_ids)
+            flush = self._saves.flush(tracked, block_ids)
             self._flushes.append(flush)
             delay_free = bool(flush.saves)
         elif (
@@ -580,61 +514,6 @@ class SpotConnectorScheduler:
             "spotinfer_rejected_blocks": tracked.rejected_blocks,
             "spotinfer_mac_rejected_blocks": tracked.mac_rejected_blocks,
         }
-
-    def _name_flush(self, tracked: _Tracked, block_ids: list[int]) -> _Flush:
-        """Everything of a paused request not in the store yet: its tokens (as the engine has
-        them), the full blocks not saved so far and the partial tail."""
-        request = tracked.request
-        block_tokens = self._kv_format.block_tokens
-        token_ids = list(request.all_token_ids)
-        # A step may be in flight at the abort (its token never reached the output); the KV
-        # a standby needs is that of every token but the last, which it computes itself.
-        computed = min(
-            request.num_computed_tokens,
-            len(token_ids) - 1,
-            len(block_ids) * self._engine_block_tokens,
-        )
-        full_blocks = computed // block_tokens
-        if len(tracked.chain) < full_blocks:
-            tracked.chain = block_hashes(
-                self._kv_format.model_fingerprint,
-                token_ids[: full_blocks * block_tokens],
-                block_tokens,
-                tracked.tenant,
-            )
-        saves = [
-            BlockSave(
-                tracked.request_id,
-                index,
-                self._slots(block_ids, index, block_tokens),
-                tracked.chain[index],
-                required=True,
-            )
-            for index in range(tracked.saved_blocks, full_blocks)
-        ]
-        tail_tokens = computed - full_blocks * block_tokens
-        if tail_tokens:
-            prefix = tail_hash(
-                self._kv_format.model_fingerprint,
-                token_ids[:computed],
-                block_tokens,
-                tracked.tenant,
-            )
-            assert prefix is not None
-            saves.append(
-                BlockSave(
-                    tracked.request_id,
-                    full_blocks,
-                    self._slots(block_ids, full_blocks, tail_tokens),
-                    prefix,
-                    num_tokens=tail_tokens,
-                    required=True,
-                )
-            )
-        tracked.saved_blocks = full_blocks
-        outputs = tuple(request.output_token_ids)
-        commit = TokenCommit(tracked.request_id, tracked.first_index, outputs) if outputs else None
-        return _Flush(request.request_id, commit, saves, "" if computed else tracked.request_id)
 
     def _block_bytes_per_layer(self) -> int:
         """One chunk's bytes of one layer."""

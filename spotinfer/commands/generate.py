@@ -98,6 +98,7 @@ def run_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from common.channels import PLAINTEXT, TransportConfig, sync_channel
+    from protos.convert import kv_persistence_from_proto
     from protos.spotinfer.v1 import common_pb2, control_pb2, control_pb2_grpc
 
     transport = TransportConfig(ca_file=args.ca_file) if args.ca_file else PLAINTEXT
@@ -110,7 +111,8 @@ def run_status(args: argparse.Namespace) -> int:
             raise _unreachable(args.target, exc) from exc
     console = Console()
     workers = Table(title=f"workers at {args.target}")
-    for column in ("worker", "address", "role", "state", "running", "waiting", "KV free", "tok/s"):
+    columns = ("worker", "address", "role", "state", "running", "waiting", "KV free", "tok/s")
+    for column in (*columns, "KV persist"):
         workers.add_column(column)
     for w in status.workers:
         workers.add_row(
@@ -122,6 +124,7 @@ def run_status(args: argparse.Namespace) -> int:
             str(w.stats.waiting_seqs),
             f"{w.stats.kv_blocks_free}/{w.stats.kv_blocks_total}",
             f"{w.stats.tokens_per_second:.1f}",
+            kv_persistence_from_proto(w.stats.kv_persistence).label,
         )
     console.print(workers)
     queues = Table(title="queues")
@@ -144,7 +147,21 @@ def run_status(args: argparse.Namespace) -> int:
         console.print(jobs)
     _print_caps(console, status)
     console.print(f"in flight: {status.in_flight}; standbys ready: {status.standbys_ready}")
+    _print_persistence(console, status)
     return 0
+
+
+def _print_persistence(console: Any, status: Any) -> None:
+    """The cluster's KV persistence policy, or why there is none."""
+    from rich.markup import escape
+
+    from protos.convert import kv_persistence_from_proto
+
+    if status.kv_persistence_warning:
+        console.print(f"[bold yellow]warning:[/] {escape(status.kv_persistence_warning)}")
+        return
+    label = kv_persistence_from_proto(status.kv_persistence).label
+    console.print(f"KV persistence: {label if status.kv_persistence.policy else 'not reported'}")
 
 
 def _print_caps(console: Any, status: Any) -> None:

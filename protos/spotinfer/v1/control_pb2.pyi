@@ -576,14 +576,23 @@ class ClusterStatusResponse(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     STANDBYS_READY_FIELD_NUMBER: _builtins.int
     BATCH_JOBS_FIELD_NUMBER: _builtins.int
+    KV_PERSISTENCE_FIELD_NUMBER: _builtins.int
+    KV_PERSISTENCE_WARNING_FIELD_NUMBER: _builtins.int
     in_flight: _builtins.int
     standbys_ready: _builtins.int
+    kv_persistence_warning: _builtins.str
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerInfo]: ...
     @_builtins.property
     def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueStatus]: ...
     @_builtins.property
     def batch_jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchJobStatus]: ...
+    @_builtins.property
+    def kv_persistence(self) -> _worker_pb2.KvPersistence:
+        """The cluster's KV persistence policy: what every worker that reports one says; unset
+        when none does, or when they disagree (then kv_persistence_warning says how).
+        """
+
     def __init__(
         self,
         *,
@@ -592,10 +601,12 @@ class ClusterStatusResponse(_message.Message):
         in_flight: _builtins.int = ...,
         standbys_ready: _builtins.int = ...,
         batch_jobs: _abc.Iterable[Global___BatchJobStatus] | None = ...,
+        kv_persistence: _worker_pb2.KvPersistence | None = ...,
+        kv_persistence_warning: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kv_persistence", b"kv_persistence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_jobs", b"batch_jobs", "in_flight", b"in_flight", "queues", b"queues", "standbys_ready", b"standbys_ready", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_jobs", b"batch_jobs", "in_flight", b"in_flight", "kv_persistence", b"kv_persistence", "kv_persistence_warning", b"kv_persistence_warning", "queues", b"queues", "standbys_ready", b"standbys_ready", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -284,6 +284,7 @@ class WorkerStats(_message.Message):
     GENERATED_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
     REQUESTS_TOTAL_FIELD_NUMBER: _builtins.int
     STOPPING_DEADLINE_UNIX_FIELD_NUMBER: _builtins.int
+    KV_PERSISTENCE_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     ready: _builtins.bool
     draining: _builtins.bool
@@ -305,6 +306,10 @@ class WorkerStats(_message.Message):
     """> 0: the worker is being stopped (SIGTERM) and leaves at this unix time; the
     coordinator moves its requests as on a termination notice.
     """
+    @_builtins.property
+    def kv_persistence(self) -> Global___KvPersistence:
+        """Which KV blocks it writes to Redis; unset: not reported (an older release)."""
+
     def __init__(
         self,
         *,
@@ -325,11 +330,40 @@ class WorkerStats(_message.Message):
         generated_tokens_total: _builtins.int = ...,
         requests_total: _builtins.int = ...,
         stopping_deadline_unix: _builtins.float = ...,
+        kv_persistence: Global___KvPersistence | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kv_persistence", b"kv_persistence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "draining", b"draining", "generated_tokens_total", b"generated_tokens_total", "kv_block_tokens", b"kv_block_tokens", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "ready", b"ready", "requests_total", b"requests_total", "running_seqs", b"running_seqs", "stopping_deadline_unix", b"stopping_deadline_unix", "tokens_per_second", b"tokens_per_second", "waiting_seqs", b"waiting_seqs", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "draining", b"draining", "generated_tokens_total", b"generated_tokens_total", "kv_block_tokens", b"kv_block_tokens", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_persistence", b"kv_persistence", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "ready", b"ready", "requests_total", b"requests_total", "running_seqs", b"running_seqs", "stopping_deadline_unix", b"stopping_deadline_unix", "tokens_per_second", b"tokens_per_second", "waiting_seqs", b"waiting_seqs", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerStats: _TypeAlias = WorkerStats  # noqa: Y015
+
+@_typing.final
+class KvPersistence(_message.Message):
+    """A worker's KV persistence policy (its --kv-persist-policy; off without a store)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    RATE_CAP_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """eager | lazy | hybrid | off"""
+    rate_cap_bytes_per_second: _builtins.float
+    """hybrid: most bytes per second of KV blocks written as they fill (the rest at a notice);
+    0 under the other policies.
+    """
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        rate_cap_bytes_per_second: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "rate_cap_bytes_per_second", b"rate_cap_bytes_per_second"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvPersistence: _TypeAlias = KvPersistence  # noqa: Y015
