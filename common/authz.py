@@ -6,6 +6,7 @@ method runs.
     (mutual TLS)      coordinator | worker | daemon | operator  │
                       URI SAN spiffe://spotinfer/node/<name>    ├─▶ Caller(roles, tenant)
                       a daemon of the server's own node: own-daemon
+                      a worker of the server's own node: own-worker
     API key           authorization: Bearer spk_<id>_<secret>   ─┘        │
                       tenant | admin (common.api_keys)                    ▼
                                          table[method] ∩ roles ? call : PERMISSION_DENIED
@@ -14,7 +15,10 @@ The own daemon: a server that names its node (a worker: its worker id) takes a d
 certificate for the `OWN_DAEMON` role when the certificate names that node, or, for one that
 names no node (one bundle shared by a fleet's worker VMs proves no node), when the call
 comes over a connection no other machine can open (a unix socket, loopback). A daemon
-certificate naming another node is never its own daemon, on any connection.
+certificate naming another node is never its own daemon, on any connection. The own worker
+(`OWN_WORKER`, a daemon's caller for what it staged for its worker) is the same with the
+roles swapped; a server that names no node (a daemon) takes a worker certificate for it over
+a local connection only.
 
 A plaintext connection can only come to a server without TLS (loopback, tests): its peer is
 trusted as any cluster node, unless the server holds API keys. A server without a keys file
@@ -47,6 +51,8 @@ OPERATOR = "operator"
 NODE_ROLES = (COORDINATOR, WORKER, DAEMON, OPERATOR)
 OWN_DAEMON = "own-daemon"
 """Not a certificate role: what a daemon certificate counts as on a server of its own node."""
+OWN_WORKER = "own-worker"
+"""Not a certificate role: what a worker certificate counts as on a server of its own node."""
 AUTHORIZATION_METADATA_KEY = "authorization"
 
 Table = Mapping[str, Mapping[str, frozenset[str]]]
@@ -75,7 +81,7 @@ class Caller:
     key_id: str = ""
 
 
-OPEN_CALLER = Caller(roles(TENANT_ROLE, ADMIN_ROLE, *NODE_ROLES, OWN_DAEMON))
+OPEN_CALLER = Caller(roles(TENANT_ROLE, ADMIN_ROLE, *NODE_ROLES, OWN_DAEMON, OWN_WORKER))
 # Without a keys file every caller holds the key roles; node roles still come from certificates.
 _KEYLESS_ROLES = roles(TENANT_ROLE, ADMIN_ROLE)
 _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("spotinfer_caller")
@@ -213,11 +219,11 @@ class Gatekeeper:
             raise Unauthenticated(
                 f"{what} needs an API key (authorization: Bearer <key>) or a client certificate"
             )
-        foreign = (
-            " (a daemon of another node)"
-            if OWN_DAEMON in allowed and DAEMON in caller.roles
-            else ""
-        )
+        foreign = ""
+        if OWN_DAEMON in allowed and DAEMON in caller.roles:
+            foreign = " (a daemon of another node)"
+        elif OWN_WORKER in allowed and WORKER in caller.roles:
+            foreign = " (a worker of another node)"
         raise PermissionDenied(
             f"{what} is for {', '.join(sorted(allowed))}; the caller is "
             f"{', '.join(sorted(caller.roles))}{foreign}"
@@ -237,12 +243,12 @@ def certificate_roles(
     context: grpc.aio.ServicerContext, trust_plaintext: bool, own_node: str = ""
 ) -> frozenset[str]:
     """The node roles the peer's certificate names (the URI SAN), with `OWN_DAEMON` for a
-    daemon of ``own_node`` (the server's node, "" for none); on a plaintext connection of a
-    server trusting those, every role."""
+    daemon of ``own_node`` (the server's node, "" for none) and `OWN_WORKER` for a worker of
+    it; on a plaintext connection of a server trusting those, every role."""
     auth = context.auth_context() or {}
     security = auth.get("transport_security_type", [b""])
     if security != [b"ssl"]:
-        return roles(*NODE_ROLES, OWN_DAEMON) if trust_plaintext else roles()
+        return roles(*NODE_ROLES, OWN_DAEMON, OWN_WORKER) if trust_plaintext else roles()
     found = set()
     nodes = set()
     for uri in auth.get("peer_uri", []) + auth.get("peer_spiffe_id", []):
@@ -253,6 +259,8 @@ def certificate_roles(
             nodes.add(text[len(NODE_URI_PREFIX) :])
     if DAEMON in found and own_node and is_own_node(nodes, own_node, context.peer()):
         found.add(OWN_DAEMON)
+    if WORKER in found and is_own_node(nodes if own_node else set(), own_node, context.peer()):
+        found.add(OWN_WORKER)
     return frozenset(found)
 
 

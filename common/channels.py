@@ -141,10 +141,16 @@ def async_channel(
     max_message_bytes: int = 0,
     transport: TransportConfig = PLAINTEXT,
     api_key: str = "",
+    own_connection: bool = False,
 ) -> grpc.aio.Channel:
     """An asyncio channel to ``address`` (``host:port`` or ``unix:/path``); ``api_key`` as
-    for `sync_channel`. With TLS it follows renewals of the transport's files."""
+    for `sync_channel`. With TLS it follows renewals of the transport's files.
+    ``own_connection``: the channel opens a connection of its own instead of sharing one
+    with other channels to the same address (gRPC pools them per process): parallel
+    channels are then separate TCP flows."""
     options = message_size_options(max_message_bytes)
+    if own_connection:
+        options.append(("grpc.use_local_subchannel_pool", 1))
     if transport.tls:
         options += _tls_target_options(address)
 

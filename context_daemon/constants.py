@@ -53,3 +53,26 @@ WORKER_CALL_TIMEOUT_SECONDS = 5.0
 # Preempt may run to the deadline; beyond it the call is cut after this margin.
 PREEMPT_MARGIN_SECONDS = 5.0
 DAEMON_STOP_GRACE_SECONDS = 2.0
+
+# --- peer migration (daemon → daemon) ---------------------------------------------------------
+# What a target daemon holds of pushed KV for its worker, at most, unless configured.
+DEFAULT_STAGING_MAX_BYTES = 2 * 1024**3
+# A request's staged blocks that nobody fetched or dropped in this long are freed: longer
+# than any cloud's notice (AWS 2 min), so a migration in progress never loses them.
+DEFAULT_STAGING_TTL_SECONDS = 180.0
+# How often the server frees expired requests when no call comes to do it.
+STAGING_SWEEP_SECONDS = 5.0
+# A pushed or fetched block travels in chunks of at most this many bytes: below the servers'
+# 4 MiB message limit with room for the rest of the message.
+PEER_CHUNK_BYTES = 2 * 1024 * 1024
+MAX_PEER_CHUNK_BYTES = 3 * 1024 * 1024
+# A source sends a stream's blocks in PushBlocks calls of about this many bytes each (at least
+# one block): a refused block costs the rest of its call, which the target drains unread.
+PEER_CALL_BYTES = 64 * 1024 * 1024
+# Parallel PushBlocks streams (one channel, so one TCP flow, each) a source opens by default:
+# one flow tops out well below a VM's network (AWS: ~5 Gbps per flow).
+DEFAULT_PEER_STREAMS = 4
+# The headers a target sends before it reads a PushBlocks call (a refused call has none).
+PUSH_ACCEPTED_METADATA = ("push-accepted", "1")
+# The trailing metadata of a failed PushBlocks: how many of its blocks were staged first.
+STAGED_BLOCKS_METADATA_KEY = "staged-blocks"

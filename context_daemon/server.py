@@ -1,8 +1,12 @@
 """The daemon's gRPC edge: `spotinfer.v1.ContextDaemon` (Status, WatchNotices, Flush), health
 and reflection. Proto messages stop here.
 
-CommitTokens and PushBlocks are not served by this process (the worker commits tokens and
-writes KV blocks to Redis itself); they answer UNIMPLEMENTED.
+CommitTokens is not served by this process (the worker commits tokens itself); it
+answers UNIMPLEMENTED.
+
+Peer migration: PushBlocks takes KV blocks a source daemon pushes (peer_receiver.py) into the
+staging area (peer_staging.py), FetchStaged hands them to this node's worker, DropStaged frees
+them; expired ones are swept here.
 """
 
 from __future__ import annotations
@@ -14,29 +18,50 @@ from collections.abc import AsyncIterator
 import grpc
 
 from common.advertise import WILDCARD_HOSTS, AdvertiseError, resolve_advertise_address
-from common.authz import COORDINATOR, OPERATOR, WORKER, AuthorizationInterceptor, roles
+from common.authz import (
+    COORDINATOR,
+    DAEMON,
+    OPERATOR,
+    OWN_WORKER,
+    WORKER,
+    AuthorizationInterceptor,
+    roles,
+)
 from common.channels import async_server, listen
 from common.messages import FlushReport, NoticeEvent
 from common.rpc import add_health_and_reflection, maps_errors, set_serving, stop_on_signals
+from context_daemon.block_chunks import Block, BlockChunk, split_block
 from context_daemon.config import DaemonConfig
-from context_daemon.constants import DAEMON_STOP_GRACE_SECONDS
+from context_daemon.constants import (
+    DAEMON_STOP_GRACE_SECONDS,
+    PEER_CHUNK_BYTES,
+    PUSH_ACCEPTED_METADATA,
+    STAGING_SWEEP_SECONDS,
+)
 from context_daemon.daemon import ContextDaemon, Hooks, Subscribers
 from context_daemon.metrics import DaemonMetrics
 from context_daemon.notices import Notice
+from context_daemon.peer_receiver import PeerReceiver
+from context_daemon.peer_staging import PeerStaging
 from protos.convert import flush_report_to_proto, notice_event_to_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
 from store import RedisStore
+from store.mac_keyring import LOOPBACK_KEYRING, MacKeyring, keyring_for
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = daemon_pb2.DESCRIPTOR.services_by_name["ContextDaemon"].full_name
 
-# Who may call what (common.authz): the worker hands over tokens and blocks; the coordinator
-# subscribes to notices and asks for flushes; an operator may look and flush too.
+# Who may call what (common.authz): the worker hands over tokens; a peer daemon pushes KV
+# blocks for this node's worker, which alone reads them (the coordinator may drop them when
+# a migration aborts); the coordinator subscribes to notices and asks for flushes; an
+# operator may look and flush too.
 AUTHORIZATION = {
     SERVICE_NAME: {
         "CommitTokens": roles(WORKER),
-        "PushBlocks": roles(WORKER),
+        "PushBlocks": roles(DAEMON),
+        "FetchStaged": roles(OWN_WORKER),
+        "DropStaged": roles(OWN_WORKER, COORDINATOR),
         "WatchNotices": roles(COORDINATOR, OPERATOR),
         "Flush": roles(COORDINATOR, OPERATOR),
         "Status": roles(COORDINATOR, OPERATOR),
@@ -58,11 +83,18 @@ def notice_event(notice: Notice, daemon_id: str, flush: FlushReport | None = Non
 
 class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
     def __init__(
-        self, daemon: ContextDaemon, subscribers: Subscribers, store: RedisStore | None
+        self,
+        daemon: ContextDaemon,
+        subscribers: Subscribers,
+        store: RedisStore | None,
+        staging: PeerStaging | None = None,
+        keyring: MacKeyring = LOOPBACK_KEYRING,
     ) -> None:
         self._daemon = daemon
         self._subscribers = subscribers
         self._store = store
+        self._staging = staging or PeerStaging()
+        self._receiver = PeerReceiver(self._staging, keyring)
 
     @maps_errors
     async def Status(  # noqa: N802 - gRPC method name
@@ -81,6 +113,10 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
             last_flush=[flush_report_to_proto(r) for r in state.last_flush.values()],
             worker_reachable=await self._daemon.worker.reachable(),
         )
+        staged = self._staging.stats()
+        msg.staged_bytes = staged.staged_bytes
+        msg.staged_blocks = staged.staged_blocks
+        msg.refused_blocks = staged.refused_blocks
         if state.last_notice is not None:
             msg.notice.CopyFrom(
                 notice_event_to_proto(notice_event(state.last_notice, config.daemon_id))
@@ -104,13 +140,32 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the worker commits tokens itself")
         raise AssertionError("abort raises")
 
+    @maps_errors
     async def PushBlocks(  # noqa: N802
         self,
         request_iterator: AsyncIterator[daemon_pb2.KvBlockChunk],
         context: grpc.aio.ServicerContext,
     ) -> daemon_pb2.PushBlocksResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "peer migration is not served here")
-        raise AssertionError("abort raises")
+        # Headers first: the source writes nothing before them (peer_push.py).
+        await context.send_initial_metadata((PUSH_ACCEPTED_METADATA,))
+        chunks = (chunk_from_proto(msg) async for msg in request_iterator)
+        receipt = await self._receiver.receive(chunks)
+        return daemon_pb2.PushBlocksResponse(blocks=receipt.blocks, bytes=receipt.bytes)
+
+    @maps_errors
+    async def FetchStaged(  # noqa: N802
+        self, request: daemon_pb2.FetchStagedRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[daemon_pb2.KvBlockChunk]:
+        for key, data in self._staging.fetch(request.request_id, list(request.block_keys)):
+            for chunk in split_block(Block(request.request_id, key, data), PEER_CHUNK_BYTES):
+                yield chunk_to_proto(chunk)
+
+    @maps_errors
+    async def DropStaged(  # noqa: N802
+        self, request: daemon_pb2.DropStagedRequest, context: grpc.aio.ServicerContext
+    ) -> daemon_pb2.DropStagedResponse:
+        dropped = self._staging.drop(request.request_id)
+        return daemon_pb2.DropStagedResponse(blocks=dropped.blocks, bytes=dropped.bytes)
 
     @maps_errors
     async def Flush(  # noqa: N802
@@ -134,16 +189,19 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
         config, Hooks(subscribers, metrics), orchestrated=subscribers.orchestrated
     )
     metrics.read_state_from(daemon.state)
+    staging = PeerStaging(config.staging)
+    keyring = keyring_for(config.store.mac_key_file)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
     server = async_server(MAX_MESSAGE_BYTES, interceptors=[AuthorizationInterceptor(AUTHORIZATION)])
     health = add_health_and_reflection(server, [SERVICE_NAME])
     daemon_pb2_grpc.add_ContextDaemonServicer_to_server(
-        ContextDaemonService(daemon, subscribers, store), server
+        ContextDaemonService(daemon, subscribers, store, staging=staging, keyring=keyring), server
     )
     port = listen(server, f"{config.host}:{config.port}", config.transport)
     await server.start()
     runner = loop.create_task(daemon.run(stop))
+    sweeper = loop.create_task(staging.sweep(stop, STAGING_SWEEP_SECONDS))
     await set_serving(health, [SERVICE_NAME], True)
     # One line a launcher can wait for, also when the port was picked by the OS.
     advertised = await asyncio.to_thread(advertised_host, config)
@@ -156,12 +214,30 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     await stop.wait()
     await set_serving(health, [SERVICE_NAME], False)
     await runner
+    await sweeper
     await server.stop(DAEMON_STOP_GRACE_SECONDS)
     await daemon.worker.close()
     metrics.stop()
     if store is not None:
         store.close()
     return 0
+
+
+def chunk_from_proto(msg: daemon_pb2.KvBlockChunk) -> BlockChunk:
+    return BlockChunk(
+        msg.request_id, msg.block_key, msg.offset, msg.block_bytes, msg.data, msg.last
+    )
+
+
+def chunk_to_proto(chunk: BlockChunk) -> daemon_pb2.KvBlockChunk:
+    return daemon_pb2.KvBlockChunk(
+        request_id=chunk.request_id,
+        block_key=chunk.key,
+        data=bytes(chunk.data),
+        last=chunk.last,
+        offset=chunk.offset,
+        block_bytes=chunk.block_bytes,
+    )
 
 
 def advertised_host(config: DaemonConfig) -> str:

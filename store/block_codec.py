@@ -68,8 +68,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from store.constants import (
     BLOCK_FORMAT_VERSION,
@@ -322,6 +323,28 @@ def encode_block(block: KVBlock, keyring: MacKeyring = LOOPBACK_KEYRING) -> byte
     return bytes(encoded_block(block, keyring).data)
 
 
+def _verified_fields(
+    view: memoryview, reject: Callable[..., BlockRejected], keyring: MacKeyring
+) -> tuple[Any, ...]:
+    """The fixed header's fields of a stored block whose form, CRC and MAC check out."""
+    if len(view) < _FIXED.size:
+        raise reject(RejectReason.MALFORMED, f"{len(view)} bytes is shorter than a header")
+    fields = _FIXED.unpack_from(view)
+    magic, version, header_len, crc = fields[:4]
+    payload_len, dtype_len, layout_len, mac_key_id, mac = fields[7], *fields[10:]
+    if magic != BLOCK_MAGIC:
+        raise reject(RejectReason.MALFORMED, "bad magic")
+    if version != BLOCK_FORMAT_VERSION:
+        raise reject(RejectReason.VERSION, f"format {version}, expected {BLOCK_FORMAT_VERSION}")
+    if header_len != _FIXED.size + dtype_len + layout_len or len(view) != header_len + payload_len:
+        raise reject(RejectReason.MALFORMED, "lengths do not add up")
+    if crc32(view[_CRC_COVERS_FROM:]) != crc:
+        raise reject(RejectReason.CHECKSUM)
+    if not keyring.verify(mac_key_id, mac, _mac_parts(view)):
+        raise reject(RejectReason.MAC, f"key id {mac_key_id}")
+    return tuple(fields)
+
+
 def decode_block(
     block_name: str,
     data: Buffer | None,
@@ -343,34 +366,22 @@ def decode_block(
     if data is None:
         raise reject(RejectReason.MISSING)
     view = memoryview(data).cast("B")
-    if len(view) < _FIXED.size:
-        raise reject(RejectReason.MALFORMED, f"{len(view)} bytes is shorter than a header")
     (
-        magic,
-        version,
+        _,
+        _,
         header_len,
-        crc,
+        _,
         layer_count,
         block_tokens,
         num_tokens,
-        payload_len,
+        _,
         prefix_hash,
         fp_digest,
         dtype_len,
-        layout_len,
-        mac_key_id,
-        mac,
-    ) = _FIXED.unpack_from(view)
-    if magic != BLOCK_MAGIC:
-        raise reject(RejectReason.MALFORMED, "bad magic")
-    if version != BLOCK_FORMAT_VERSION:
-        raise reject(RejectReason.VERSION, f"format {version}, expected {BLOCK_FORMAT_VERSION}")
-    if header_len != _FIXED.size + dtype_len + layout_len or len(view) != header_len + payload_len:
-        raise reject(RejectReason.MALFORMED, "lengths do not add up")
-    if crc32(view[_CRC_COVERS_FROM:]) != crc:
-        raise reject(RejectReason.CHECKSUM)
-    if not keyring.verify(mac_key_id, mac, _mac_parts(view)):
-        raise reject(RejectReason.MAC, f"key id {mac_key_id}")
+        _,
+        _,
+        _,
+    ) = _verified_fields(view, reject, keyring)
     if fp_digest != fingerprint_digest(expected.model_fingerprint):
         raise reject(RejectReason.FINGERPRINT)
     dtype = bytes(view[_FIXED.size : _FIXED.size + dtype_len]).decode("ascii", "replace")
@@ -397,6 +408,36 @@ def decode_block(
         num_tokens=num_tokens,
         payload=view[header_len:],
     )
+
+
+@dataclass(frozen=True)
+class SealedHeader:
+    """What a block whose CRC and MAC verified says about itself: a holder of the cluster key
+    wrote it and it is unchanged since. Whether it is the KV a reader wants (model, dtype,
+    layout, tokens) is for that reader's `decode_block`."""
+
+    prefix_hash: bytes
+    num_tokens: int
+    block_tokens: int
+
+    @property
+    def is_full(self) -> bool:
+        return self.num_tokens == self.block_tokens
+
+
+def verify_sealed(
+    block_name: str, data: Buffer, keyring: MacKeyring = LOOPBACK_KEYRING
+) -> SealedHeader:
+    """The checks that need no reader's format (form, CRC, MAC): what a holder of a copy that
+    some reader verifies later (a migration target's staging) checks on arrival. Raises
+    BlockRejected (MALFORMED, VERSION, CHECKSUM or MAC)."""
+
+    def reject(reason: RejectReason, detail: str = "") -> BlockRejected:
+        return BlockRejected(block_name, reason, detail)
+
+    fields = _verified_fields(memoryview(data).cast("B"), reject, keyring)
+    block_tokens, num_tokens, prefix_hash = fields[5], fields[6], fields[8]
+    return SealedHeader(bytes(prefix_hash), int(num_tokens), int(block_tokens))
 
 
 HEADER_FIXED_BYTES = _FIXED.size

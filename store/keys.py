@@ -62,6 +62,7 @@ brace inside it would move keys of one request to different slots.
 from __future__ import annotations
 
 import enum
+import re
 
 from store.constants import KEY_PREFIX
 
@@ -199,6 +200,29 @@ def block_key(block_hash: bytes, shard: str = "") -> str:
     if not block_hash:
         raise ValueError("block_hash must not be empty")
     return f"{KEY_PREFIX}{KeyKind.BLOCK.value}:{{{block_hash.hex()}}}{shard}"
+
+
+_SHARD_SUFFIX = re.compile(r"(:s(0|[1-9][0-9]*)\.(0|[1-9][0-9]*))?")
+
+
+def block_key_parts(key: str) -> tuple[bytes, str]:
+    """The block hash and shard suffix a `block_key` was made of (a peer names a pushed block
+    by its key); ValueError for a string that no `block_key` call returns."""
+    head = f"{KEY_PREFIX}{KeyKind.BLOCK.value}:{{"
+    hex_hash, closed, shard = key.removeprefix(head).partition("}")
+    try:
+        block_hash = bytes.fromhex(hex_hash)
+    except ValueError:
+        block_hash = b""
+    if (
+        not key.startswith(head)
+        or not closed
+        or not block_hash
+        or _SHARD_SUFFIX.fullmatch(shard) is None
+        or block_key(block_hash, shard) != key
+    ):
+        raise ValueError(f"{key!r} is not the key of a KV block")
+    return block_hash, shard
 
 
 def schema_pattern() -> str:

@@ -242,6 +242,9 @@ class DaemonStatus(_message.Message):
     FLUSHES_FIELD_NUMBER: _builtins.int
     LAST_FLUSH_FIELD_NUMBER: _builtins.int
     WORKER_REACHABLE_FIELD_NUMBER: _builtins.int
+    STAGED_BYTES_FIELD_NUMBER: _builtins.int
+    STAGED_BLOCKS_FIELD_NUMBER: _builtins.int
+    REFUSED_BLOCKS_FIELD_NUMBER: _builtins.int
     store_available: _builtins.bool
     persisted_bytes: _builtins.int
     committed_tokens: _builtins.int
@@ -251,6 +254,11 @@ class DaemonStatus(_message.Message):
     flushes: _builtins.int
     """flushes started (notices and manual)"""
     worker_reachable: _builtins.bool
+    staged_bytes: _builtins.int
+    """KV pushed by peer daemons, held for this node's worker"""
+    staged_blocks: _builtins.int
+    refused_blocks: _builtins.int
+    """pushed blocks refused (failed CRC or MAC, or malformed)"""
     @_builtins.property
     def notice(self) -> Global___NoticeEvent:
         """the last notice seen (unset while none)"""
@@ -272,10 +280,13 @@ class DaemonStatus(_message.Message):
         flushes: _builtins.int = ...,
         last_flush: _abc.Iterable[Global___FlushProgress] | None = ...,
         worker_reachable: _builtins.bool = ...,
+        staged_bytes: _builtins.int = ...,
+        staged_blocks: _builtins.int = ...,
+        refused_blocks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["notice", b"notice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_tokens", b"committed_tokens", "flushes", b"flushes", "last_flush", b"last_flush", "notice", b"notice", "notice_source", b"notice_source", "pending_writes", b"pending_writes", "persisted_bytes", b"persisted_bytes", "store_available", b"store_available", "worker_address", b"worker_address", "worker_reachable", b"worker_reachable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_tokens", b"committed_tokens", "flushes", b"flushes", "last_flush", b"last_flush", "notice", b"notice", "notice_source", b"notice_source", "pending_writes", b"pending_writes", "persisted_bytes", b"persisted_bytes", "refused_blocks", b"refused_blocks", "staged_blocks", b"staged_blocks", "staged_bytes", b"staged_bytes", "store_available", b"store_available", "worker_address", b"worker_address", "worker_reachable", b"worker_reachable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -283,16 +294,27 @@ Global___DaemonStatus: _TypeAlias = DaemonStatus  # noqa: Y015
 
 @_typing.final
 class KvBlockChunk(_message.Message):
+    """A piece of one KV block: its bytes [offset, offset + len(data)) of the block's stored form
+    (store/block_codec.py: header, CRC, MAC, payload). A block's chunks come in order, one
+    after the other, the first at offset 0, the last with `last` set.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     BLOCK_KEY_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    BLOCK_BYTES_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     block_key: _builtins.str
+    """its store key (store/keys.py): a full block's, or the request's tail"""
     data: _builtins.bytes
     last: _builtins.bool
+    offset: _builtins.int
+    block_bytes: _builtins.int
+    """the whole block's length, in every chunk"""
     def __init__(
         self,
         *,
@@ -300,10 +322,12 @@ class KvBlockChunk(_message.Message):
         block_key: _builtins.str = ...,
         data: _builtins.bytes = ...,
         last: _builtins.bool = ...,
+        offset: _builtins.int = ...,
+        block_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_key", b"block_key", "data", b"data", "last", b"last", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_bytes", b"block_bytes", "block_key", b"block_key", "data", b"data", "last", b"last", "offset", b"offset", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -316,6 +340,7 @@ class PushBlocksResponse(_message.Message):
     BLOCKS_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
     blocks: _builtins.int
+    """staged by this call (a block staged before counts too: it is shared)"""
     bytes: _builtins.int
     def __init__(
         self,
@@ -330,3 +355,69 @@ class PushBlocksResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PushBlocksResponse: _TypeAlias = PushBlocksResponse  # noqa: Y015
+
+@_typing.final
+class FetchStagedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    BLOCK_KEYS_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def block_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        block_keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_keys", b"block_keys", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchStagedRequest: _TypeAlias = FetchStagedRequest  # noqa: Y015
+
+@_typing.final
+class DropStagedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropStagedRequest: _TypeAlias = DropStagedRequest  # noqa: Y015
+
+@_typing.final
+class DropStagedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    blocks: _builtins.int
+    """the request's blocks that were staged"""
+    bytes: _builtins.int
+    """memory freed (a block another request still holds frees none)"""
+    def __init__(
+        self,
+        *,
+        blocks: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "bytes", b"bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropStagedResponse: _TypeAlias = DropStagedResponse  # noqa: Y015

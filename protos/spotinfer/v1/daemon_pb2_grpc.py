@@ -59,6 +59,16 @@ class ContextDaemonStub:
                 request_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.KvBlockChunk.SerializeToString,
                 response_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.PushBlocksResponse.FromString,
                 _registered_method=True)
+        self.FetchStaged = channel.unary_stream(
+                '/spotinfer.v1.ContextDaemon/FetchStaged',
+                request_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.FetchStagedRequest.SerializeToString,
+                response_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.KvBlockChunk.FromString,
+                _registered_method=True)
+        self.DropStaged = channel.unary_unary(
+                '/spotinfer.v1.ContextDaemon/DropStaged',
+                request_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DropStagedRequest.SerializeToString,
+                response_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DropStagedResponse.FromString,
+                _registered_method=True)
 
 
 class ContextDaemonServicer:
@@ -92,7 +102,28 @@ class ContextDaemonServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PushBlocks(self, request_iterator, context):
-        """Peer migration: a source daemon streams KV blocks to the standby's daemon.
+        """Peer migration: a source daemon streams KV blocks to the target's daemon, which checks
+        each one (CRC and MAC) and stages it in memory for its worker, as its last chunk arrives.
+        The target sends its headers ("push-accepted: 1") before it reads, and the source writes
+        nothing before them. A refused block ends the call once the source has sent the rest
+        (dropped unread); the blocks staged before it stay (trailing metadata "staged-blocks"
+        says how many).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchStaged(self, request, context):
+        """The node's own worker reads what was staged for a request: every staged block of it
+        that `block_keys` names (all of them when empty), in chunks; blocks not staged are left
+        out (the worker reads those from the store).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropStaged(self, request, context):
+        """Frees what is staged for a request (its worker loaded it, or its migration aborted).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,6 +156,16 @@ def add_ContextDaemonServicer_to_server(servicer, server):
                     servicer.PushBlocks,
                     request_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.KvBlockChunk.FromString,
                     response_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.PushBlocksResponse.SerializeToString,
+            ),
+            'FetchStaged': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchStaged,
+                    request_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.FetchStagedRequest.FromString,
+                    response_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.KvBlockChunk.SerializeToString,
+            ),
+            'DropStaged': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropStaged,
+                    request_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DropStagedRequest.FromString,
+                    response_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DropStagedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +303,60 @@ class ContextDaemon:
             '/spotinfer.v1.ContextDaemon/PushBlocks',
             protos_dot_spotinfer_dot_v1_dot_daemon__pb2.KvBlockChunk.SerializeToString,
             protos_dot_spotinfer_dot_v1_dot_daemon__pb2.PushBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchStaged(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/spotinfer.v1.ContextDaemon/FetchStaged',
+            protos_dot_spotinfer_dot_v1_dot_daemon__pb2.FetchStagedRequest.SerializeToString,
+            protos_dot_spotinfer_dot_v1_dot_daemon__pb2.KvBlockChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropStaged(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spotinfer.v1.ContextDaemon/DropStaged',
+            protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DropStagedRequest.SerializeToString,
+            protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DropStagedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,7 +41,20 @@ class ContextDaemonStub:
     """Persists partial blocks and uncommitted tokens now, most-savable requests first."""
     Status: _grpc.UnaryUnaryMultiCallable[_daemon_pb2.DaemonStatusRequest, _daemon_pb2.DaemonStatus]
     PushBlocks: _grpc.StreamUnaryMultiCallable[_daemon_pb2.KvBlockChunk, _daemon_pb2.PushBlocksResponse]
-    """Peer migration: a source daemon streams KV blocks to the standby's daemon."""
+    """Peer migration: a source daemon streams KV blocks to the target's daemon, which checks
+    each one (CRC and MAC) and stages it in memory for its worker, as its last chunk arrives.
+    The target sends its headers ("push-accepted: 1") before it reads, and the source writes
+    nothing before them. A refused block ends the call once the source has sent the rest
+    (dropped unread); the blocks staged before it stay (trailing metadata "staged-blocks"
+    says how many).
+    """
+    FetchStaged: _grpc.UnaryStreamMultiCallable[_daemon_pb2.FetchStagedRequest, _daemon_pb2.KvBlockChunk]
+    """The node's own worker reads what was staged for a request: every staged block of it
+    that `block_keys` names (all of them when empty), in chunks; blocks not staged are left
+    out (the worker reads those from the store).
+    """
+    DropStaged: _grpc.UnaryUnaryMultiCallable[_daemon_pb2.DropStagedRequest, _daemon_pb2.DropStagedResponse]
+    """Frees what is staged for a request (its worker loaded it, or its migration aborted)."""
 
 @_typing.type_check_only
 class ContextDaemonAsyncStub(ContextDaemonStub):
@@ -54,7 +67,20 @@ class ContextDaemonAsyncStub(ContextDaemonStub):
     """Persists partial blocks and uncommitted tokens now, most-savable requests first."""
     Status: _aio.UnaryUnaryMultiCallable[_daemon_pb2.DaemonStatusRequest, _daemon_pb2.DaemonStatus]  # type: ignore[assignment]
     PushBlocks: _aio.StreamUnaryMultiCallable[_daemon_pb2.KvBlockChunk, _daemon_pb2.PushBlocksResponse]  # type: ignore[assignment]
-    """Peer migration: a source daemon streams KV blocks to the standby's daemon."""
+    """Peer migration: a source daemon streams KV blocks to the target's daemon, which checks
+    each one (CRC and MAC) and stages it in memory for its worker, as its last chunk arrives.
+    The target sends its headers ("push-accepted: 1") before it reads, and the source writes
+    nothing before them. A refused block ends the call once the source has sent the rest
+    (dropped unread); the blocks staged before it stay (trailing metadata "staged-blocks"
+    says how many).
+    """
+    FetchStaged: _aio.UnaryStreamMultiCallable[_daemon_pb2.FetchStagedRequest, _daemon_pb2.KvBlockChunk]  # type: ignore[assignment]
+    """The node's own worker reads what was staged for a request: every staged block of it
+    that `block_keys` names (all of them when empty), in chunks; blocks not staged are left
+    out (the worker reads those from the store).
+    """
+    DropStaged: _aio.UnaryUnaryMultiCallable[_daemon_pb2.DropStagedRequest, _daemon_pb2.DropStagedResponse]  # type: ignore[assignment]
+    """Frees what is staged for a request (its worker loaded it, or its migration aborted)."""
 
 class ContextDaemonServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -94,6 +120,31 @@ class ContextDaemonServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_daemon_pb2.KvBlockChunk],
         context: _ServicerContext,
     ) -> _typing.Union[_daemon_pb2.PushBlocksResponse, _abc.Awaitable[_daemon_pb2.PushBlocksResponse]]:
-        """Peer migration: a source daemon streams KV blocks to the standby's daemon."""
+        """Peer migration: a source daemon streams KV blocks to the target's daemon, which checks
+        each one (CRC and MAC) and stages it in memory for its worker, as its last chunk arrives.
+        The target sends its headers ("push-accepted: 1") before it reads, and the source writes
+        nothing before them. A refused block ends the call once the source has sent the rest
+        (dropped unread); the blocks staged before it stay (trailing metadata "staged-blocks"
+        says how many).
+        """
+
+    @_abc_1.abstractmethod
+    def FetchStaged(
+        self,
+        request: _daemon_pb2.FetchStagedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_daemon_pb2.KvBlockChunk], _abc.AsyncIterator[_daemon_pb2.KvBlockChunk]]:
+        """The node's own worker reads what was staged for a request: every staged block of it
+        that `block_keys` names (all of them when empty), in chunks; blocks not staged are left
+        out (the worker reads those from the store).
+        """
+
+    @_abc_1.abstractmethod
+    def DropStaged(
+        self,
+        request: _daemon_pb2.DropStagedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_daemon_pb2.DropStagedResponse, _abc.Awaitable[_daemon_pb2.DropStagedResponse]]:
+        """Frees what is staged for a request (its worker loaded it, or its migration aborted)."""
 
 def add_ContextDaemonServicer_to_server(servicer: ContextDaemonServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,114 @@
+"""The target's side of a PushBlocks call: chunks in, verified blocks staged, a receipt out.
+
+    chunk ─▶ ChunkAssembler ─▶ first chunk: staging.reserve(block bytes)
+                             └▶ whole block ─▶ verify (a thread): form, CRC, MAC, key ─▶ stage
+
+A block is staged only once every check passed: the CRC (DATA_LOSS when it fails: the bytes
+changed on the way), the MAC under the cluster keyring (INVALID_ARGUMENT: not written by a
+holder of the key), and its key: a full block must sit under the content address of the
+prefix hash its header carries (store.keys.block_key), a partial one under its request's tail
+key. The first refusal ends the call (once the source has sent the rest, which is dropped);
+the blocks before it stay staged. What the target's
+worker later loads it verifies again against the tokens it holds (store.decode_block).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from context_daemon.block_chunks import Block, BlockChunk, ChunkAssembler
+from context_daemon.peer_errors import BadChunk, BlockCorrupted, BlockRefused, PeerError
+from context_daemon.peer_staging import PeerStaging
+from store import keys
+from store.block_codec import verify_sealed
+from store.errors import BlockRejected, RejectReason
+from store.mac_keyring import MacKeyring
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PushReceipt:
+    """What one PushBlocks call staged (a block already staged counts: it is shared)."""
+
+    blocks: int
+    bytes: int
+
+
+def verify_pushed(block: Block, keyring: MacKeyring) -> None:
+    """Raises BlockCorrupted, BlockRefused or BadChunk unless ``block`` may be staged."""
+    try:
+        keys.validate_request_id(block.request_id)
+    except ValueError as exc:
+        raise BadChunk(str(exc)) from exc
+    name = f"{block.key} of {block.request_id}"
+    try:
+        header = verify_sealed(name, block.data, keyring)
+    except BlockRejected as rejected:
+        error = BlockCorrupted if rejected.reason is RejectReason.CHECKSUM else BlockRefused
+        raise error(str(rejected)) from rejected
+    if not header.is_full:
+        if block.key != keys.request_tail_key(block.request_id):
+            raise BlockRefused(f"{name}: a partial block goes under its request's tail key")
+        return
+    try:
+        block_hash, _ = keys.block_key_parts(block.key)
+    except ValueError as exc:
+        raise BlockRefused(f"{name}: a full block goes under its own key ({exc})") from exc
+    if block_hash != header.prefix_hash:
+        raise BlockRefused(
+            f"{name}: the key names block {block_hash.hex()}, the header {header.prefix_hash.hex()}"
+        )
+
+
+class PeerReceiver:
+    """Receives pushed blocks into ``staging``, verified under ``keyring``."""
+
+    def __init__(self, staging: PeerStaging, keyring: MacKeyring) -> None:
+        self._staging = staging
+        self._keyring = keyring
+
+    async def receive(self, chunks: AsyncIterator[BlockChunk]) -> PushReceipt:
+        """Stages every block of one call. Raises a PeerError (its ``staged_blocks``: the
+        blocks staged before it) at the first block that may not be staged."""
+        staging = self._staging
+        reserved = 0
+
+        def admit(chunk: BlockChunk) -> None:
+            nonlocal reserved
+            staging.reserve(chunk.block_bytes, f"block {chunk.key} of {chunk.request_id}")
+            reserved = chunk.block_bytes
+
+        assembler = ChunkAssembler(staging.config.max_bytes, admit)
+        blocks = staged_bytes = 0
+        try:
+            async for chunk in chunks:
+                block = assembler.add(chunk)
+                if block is None:
+                    continue
+                try:
+                    await asyncio.to_thread(verify_pushed, block, self._keyring)
+                except PeerError:
+                    staging.count_refused()
+                    raise
+                staging.stage(block.request_id, block.key, block.data, reserved)
+                reserved = 0
+                blocks += 1
+                staged_bytes += len(block.data)
+            assembler.finish()
+        except PeerError as error:
+            error.staged_blocks = blocks
+            log.warning("a push ended after %d staged blocks: %s", blocks, error)
+            # The status goes out once the source has sent everything: a client of gRPC's
+            # asyncio API whose write meets a finished call reports INTERNAL instead of the
+            # status (grpc/grpc#36066). The source keeps its calls short for this.
+            async for _ in chunks:
+                pass
+            raise
+        finally:
+            if reserved:  # a block refused, cut off, or whose call was cancelled
+                staging.release(reserved)
+        return PushReceipt(blocks, staged_bytes)
