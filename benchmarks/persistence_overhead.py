@@ -1,6 +1,12 @@
 """Decode tokens/s with eager KV persistence on vs off, two worker processes side by side.
 
     python -m benchmarks.persistence_overhead [--rounds 4] [--json OUT]
+    python -m benchmarks.persistence_overhead --handoff [--rounds 4] [--json OUT]
+
+With ``--handoff`` both workers persist eagerly and the comparison is who writes: ``off`` is
+the worker-owned writer (each rank writes Redis itself), ``on`` hands every block to a
+context daemon started beside it (``--kv-handoff-socket``: a shared-memory ring, the daemon
+writes Redis). Both runs are checked for every block in Redis.
 
 Two `python -m worker` processes stay loaded on the same model (SmolLM2-135M-Instruct,
 bfloat16, 1 GiB of KV cache each): ``on`` with ``--redis-url`` (a redis-server started here on
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -33,6 +40,7 @@ from benchmarks.harness import (
     resolve_model_arg,
     write_json,
 )
+from spotinfer.local.daemon_process import DaemonProcess
 from spotinfer.local.redis_process import RedisProcess
 from spotinfer.local.worker_process import WorkerProcess
 from store import RedisStore, block_hashes
@@ -120,6 +128,7 @@ def measure(
     console: Console,
     control: bool = False,
     on_first: bool = False,
+    handoff: bool = False,
 ) -> dict[str, Any]:
     from worker.model_fingerprint import model_fingerprint
 
@@ -139,10 +148,25 @@ def measure(
                 *("--kv-chunk-tokens", str(BLOCK_TOKENS)),  # one value per 128-token block
             )
         )
-        workers = {
-            "off": WorkerProcess(model, *flags),
-            "on": WorkerProcess(model, *flags, *store_flags),
-        }
+        daemon = None
+        if handoff:
+            socket_path = f"{tempfile.mkdtemp(prefix='spot-bench-')}/handoff.sock"
+            workers = {
+                "off": WorkerProcess(model, *flags, *store_flags),
+                "on": WorkerProcess(
+                    model, *flags, *store_flags, "--kv-handoff-socket", socket_path
+                ),
+            }
+            daemon = DaemonProcess(
+                *("--notice-source", "file", "--notice-file", socket_path + ".notice"),
+                *("--redis-url", server.url, "--kv-handoff-socket", socket_path),
+                *("--worker-address", workers["on"].address),
+            ).start()
+        else:
+            workers = {
+                "off": WorkerProcess(model, *flags),
+                "on": WorkerProcess(model, *flags, *store_flags),
+            }
         try:
             for mode in ("on", "off") if on_first else ("off", "on"):
                 workers[mode].start()
@@ -150,12 +174,13 @@ def measure(
                 run_load(worker, prompts[:2], 8, f"warm-{mode}")
             progress.update(task, advance=1, description="measuring")
             for r, mode in alternating(MODES, rounds):
-                if mode == "on":
+                persisting = mode == "on" or handoff
+                if persisting:
                     admin.flushall()
                 tag = f"r{r}-{mode}"
                 run = run_load(workers[mode], prompts, max_tokens, tag)
                 run["tag"] = tag
-                if mode == "on" and not control:
+                if persisting and not control:
                     run.update(check_persisted(store, admin, fingerprint, prompts, run))
                     if run["present_blocks"] != run["expected_blocks"]:
                         raise RuntimeError(
@@ -167,10 +192,13 @@ def measure(
         finally:
             for worker in workers.values():
                 worker.stop()
+            if daemon is not None:
+                daemon.stop()
             store.close()
             admin.close()
     result = summarize(runs, model, requests, max_tokens, dtype)
     result["control"] = control
+    result["handoff"] = handoff
     result["started_first"] = "on" if on_first else "off"
     return result
 
@@ -206,8 +234,11 @@ def summarize(
 def print_report(result: dict[str, Any], console: Console) -> None:
     medians = result["tokens_per_second_median"]
     on_label = "no store (control)" if result["control"] else "--redis-url, eager"
+    off_label = "no store"
+    if result.get("handoff"):
+        off_label, on_label = "eager, worker writes", "eager, daemon writes (hand-off)"
     rows = []
-    for mode, label in (("off", "no store"), ("on", on_label)):
+    for mode, label in (("off", off_label), ("on", on_label)):
         rounds = ", ".join(f"{r['tokens_per_second']:.0f}" for r in result["runs"][mode])
         blocks = (
             ", ".join(str(b) for b in result["blocks_persisted_per_on_run"])
@@ -240,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         "identical worker processes differ on this machine",
     )
     parser.add_argument("--on-first", action="store_true", help="start the persisting worker first")
+    parser.add_argument(
+        "--handoff",
+        action="store_true",
+        help="both persist eagerly: the worker's own writer vs the daemon's through the hand-off",
+    )
     args = parser.parse_args(argv)
     console = Console()
     model = resolve_model_arg(args.model)
@@ -252,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         console,
         control=args.control,
         on_first=args.on_first,
+        handoff=args.handoff,
     )
     print_report(result, console)
     write_json(args.json, result)

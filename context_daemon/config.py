@@ -18,6 +18,7 @@ from context_daemon.constants import (
     DEFAULT_DAEMON_PORT,
     DEFAULT_GRACE_SECONDS,
     DEFAULT_HANDOFF_SECONDS,
+    DEFAULT_PEER_MIRROR_BYTES,
     DEFAULT_WORKER_ADDRESS,
     NOTICE_SOURCES,
 )
@@ -54,6 +55,21 @@ class DaemonConfig:
         metadata={
             "help": "Redis the worker persists to: the daemon writes what its worker hands "
             "over (--kv-handoff-socket) and reports whether it answers; no URL: none"
+        },
+    )
+    kv_peer_staging_dir: str = field(
+        default="",
+        metadata={
+            "help": "where KV blocks a peer daemon pushed for a migration to this node are "
+            "laid out for the worker (its --kv-peer-staging-dir); empty: kept in memory only"
+        },
+    )
+    peer_mirror_bytes: int = field(
+        default=DEFAULT_PEER_MIRROR_BYTES,
+        metadata={
+            "help": "most bytes of handed-over KV kept here to push to a migration's target "
+            "daemon on a notice (the least recently used requests go first); 0: none, every "
+            "migration's KV goes through Redis"
         },
     )
     kv_handoff_socket: str = field(
@@ -130,6 +146,10 @@ class DaemonConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.peer_mirror_bytes < 0:
+            raise ValueError(
+                f"peer_mirror_bytes must not be negative, got {self.peer_mirror_bytes}"
+            )
         if self.kv_handoff_socket and not self.store.url:
             raise ValueError("--kv-handoff-socket needs --redis-url: the daemon writes there")
         if self.notice_source not in NOTICE_SOURCES:

@@ -62,13 +62,18 @@ DEFAULT_STAGING_MAX_BYTES = 2 * 1024**3
 DEFAULT_STAGING_TTL_SECONDS = 180.0
 # How often the server frees expired requests when no call comes to do it.
 STAGING_SWEEP_SECONDS = 5.0
-# A pushed or fetched block travels in chunks of at most this many bytes: below the servers'
-# 4 MiB message limit with room for the rest of the message.
-PEER_CHUNK_BYTES = 2 * 1024 * 1024
-MAX_PEER_CHUNK_BYTES = 3 * 1024 * 1024
+# A pushed or fetched block travels in chunks of at most this many bytes: the servers' 4 MiB
+# message limit less room for the rest of the message, so that a block of up to that size
+# (SmolLM2-135M's are 2.9 MB) is one message, received without reassembly.
+PEER_CHUNK_BYTES = 4 * 1024 * 1024 - 64 * 1024
+MAX_PEER_CHUNK_BYTES = PEER_CHUNK_BYTES
 # A source sends a stream's blocks in PushBlocks calls of about this many bytes each (at least
 # one block): a refused block costs the rest of its call, which the target drains unread.
 PEER_CALL_BYTES = 64 * 1024 * 1024
+# glibc's malloc (malloc_tuning.py): buffers up to this size come from the heap, not from a
+# fresh mmap (glibc's most), and freed heap up to this much is kept for the next block.
+MALLOC_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
+MALLOC_TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024
 # Parallel PushBlocks streams (one channel, so one TCP flow, each) a source opens by default:
 # one flow tops out well below a VM's network (AWS: ~5 Gbps per flow).
 DEFAULT_PEER_STREAMS = 4
@@ -76,3 +81,5 @@ DEFAULT_PEER_STREAMS = 4
 PUSH_ACCEPTED_METADATA = ("push-accepted", "1")
 # The trailing metadata of a failed PushBlocks: how many of its blocks were staged first.
 STAGED_BLOCKS_METADATA_KEY = "staged-blocks"
+# Handed-over KV a daemon keeps to push to a migration's target (block_mirror.py).
+DEFAULT_PEER_MIRROR_BYTES = 512 * 1024**2

@@ -50,14 +50,16 @@ def verify_pushed(block: Block, keyring: MacKeyring) -> None:
     except BlockRejected as rejected:
         error = BlockCorrupted if rejected.reason is RejectReason.CHECKSUM else BlockRefused
         raise error(str(rejected)) from rejected
-    if not header.is_full:
-        if block.key != keys.request_tail_key(block.request_id):
-            raise BlockRefused(f"{name}: a partial block goes under its request's tail key")
+    if not header.is_full and block.key == keys.request_tail_key(block.request_id):
         return
+    # A full block goes under its own key; so may a tail (its hash names every token it holds).
     try:
         block_hash, _ = keys.block_key_parts(block.key)
     except ValueError as exc:
-        raise BlockRefused(f"{name}: a full block goes under its own key ({exc})") from exc
+        what = "a full block" if header.is_full else "a partial block"
+        raise BlockRefused(
+            f"{name}: {what} goes under its own key or its request's tail key ({exc})"
+        ) from exc
     if block_hash != header.prefix_hash:
         raise BlockRefused(
             f"{name}: the key names block {block_hash.hex()}, the header {header.prefix_hash.hex()}"

@@ -25,9 +25,10 @@ from collections.abc import Callable
 
 import torch
 
-from store import RedisStore, handoff
+from context_daemon.block_mirror import BlockMirror, MirroredBlock
+from store import KVFormat, RedisStore, handoff
 from store.block_writer import KVBlockWriter, PendingBlock
-from store.handoff import BlockNote, Done, Hello, NoKVNote, TokensNote
+from store.handoff import BlockNote, Done, Hello, NoKVNote, PausedNote, TokensNote
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,17 @@ class Connection:
     """One worker process's hand-off: its ring, its writer, its messages in order."""
 
     def __init__(
-        self, sock: socket.socket, store: RedisStore, on_end: Callable[[Connection], None]
+        self,
+        sock: socket.socket,
+        store: RedisStore,
+        on_end: Callable[[Connection], None],
+        mirror: BlockMirror | None = None,
     ) -> None:
         self._sock = sock
         self._store = store
         self._on_end = on_end
+        self._mirror = mirror
+        self.kv_format: KVFormat | None = None
         self._send_lock = threading.Lock()
         self._writer: KVBlockWriter | None = None
         self._ring: torch.Tensor | None = None
@@ -127,6 +134,7 @@ class Connection:
         self._ring = torch.frombuffer(ring, dtype=torch.uint8)
         self._base = self._ring.data_ptr()
         self._slot_bytes, self._slots = hello.slot_bytes, hello.slots
+        self.kv_format = hello.kv_format
         self._writer = KVBlockWriter(
             self._store,
             hello.kv_format,
@@ -149,8 +157,14 @@ class Connection:
                 os.close(fd)
             if isinstance(note, TokensNote):
                 self._writer.submit_tokens(note.commit, note.final)
+                if note.final and self._mirror is not None:
+                    self._mirror.drop(note.commit.request_id)  # it ended
             elif isinstance(note, NoKVNote):
                 self._writer.submit_no_kv(note.request_id)
+            elif isinstance(note, PausedNote) and self._mirror is not None:
+                self._mirror.paused(
+                    note.request_id, hello.kv_format.shard, note.full_blocks, note.tail_tokens
+                )
 
     def _block(self, note: BlockNote, fd: int | None) -> None:
         assert self._writer is not None and self._ring is not None
@@ -171,6 +185,17 @@ class Connection:
             finally:
                 os.close(fd)
         self.received_blocks += 1
+        if self._mirror is not None and self.kv_format is not None:
+            self._mirror.add(
+                note.request_id,
+                MirroredBlock(
+                    self.kv_format,
+                    note.block_index,
+                    note.prefix_hash,
+                    note.num_tokens,
+                    data.numpy().tobytes(),
+                ),
+            )
         self._writer.submit(
             PendingBlock(
                 request_id=note.request_id,
@@ -210,9 +235,12 @@ class Connection:
 class Persister:
     """Listens at ``socket_path`` for the node's worker processes; writes what they hand over."""
 
-    def __init__(self, socket_path: str, store: RedisStore) -> None:
+    def __init__(
+        self, socket_path: str, store: RedisStore, mirror: BlockMirror | None = None
+    ) -> None:
         self.socket_path = socket_path
         self._store = store
+        self.mirror = mirror
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
         self._ended_written = (0, 0)
@@ -225,6 +253,12 @@ class Persister:
     def connections(self) -> int:
         with self._lock:
             return len(self._connections)
+
+    @property
+    def ranks(self) -> int:
+        """Worker processes handing over now (each tensor-parallel rank is one)."""
+        with self._lock:
+            return sum(1 for c in self._connections if c.kv_format is not None and not c.peer_gone)
 
     @property
     def pending_blocks(self) -> int:
@@ -272,7 +306,7 @@ class Persister:
             except OSError:
                 return
             with self._lock:
-                self._connections.append(Connection(sock, self._store, self._ended))
+                self._connections.append(Connection(sock, self._store, self._ended, self.mirror))
 
     def _ended(self, connection: Connection) -> None:
         with self._lock:

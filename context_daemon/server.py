@@ -1,8 +1,9 @@
 """The daemon's gRPC edge: `spotinfer.v1.ContextDaemon` (Status, WatchNotices, Flush), health
 and reflection. Proto messages stop here.
 
-CommitTokens is not served by this process (the worker commits tokens itself); it
-answers UNIMPLEMENTED.
+With ``--kv-handoff-socket`` the daemon also persists what its worker hands over through
+shared memory (persister.py); Settle waits until that is written. CommitTokens answers
+UNIMPLEMENTED: per-step token commits are the worker's (it batches them itself).
 
 Peer migration: PushBlocks takes KV blocks a source daemon pushes (peer_receiver.py) into the
 staging area (peer_staging.py), FetchStaged hands them to this node's worker, DropStaged frees
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 
@@ -31,6 +34,7 @@ from common.channels import async_server, listen
 from common.messages import FlushReport, NoticeEvent
 from common.rpc import add_health_and_reflection, maps_errors, set_serving, stop_on_signals
 from context_daemon.block_chunks import Block, BlockChunk, split_block
+from context_daemon.block_mirror import BlockMirror
 from context_daemon.config import DaemonConfig
 from context_daemon.constants import (
     DAEMON_STOP_GRACE_SECONDS,
@@ -41,8 +45,11 @@ from context_daemon.constants import (
 from context_daemon.daemon import ContextDaemon, Hooks, Subscribers
 from context_daemon.metrics import DaemonMetrics
 from context_daemon.notices import Notice
+from context_daemon.peer_migration import PeerMigrator, merged
 from context_daemon.peer_receiver import PeerReceiver
 from context_daemon.peer_staging import PeerStaging
+from context_daemon.persister import Persister
+from context_daemon.staged_files import FileStaging
 from protos.convert import flush_report_to_proto, notice_event_to_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
 from store import RedisStore
@@ -65,9 +72,11 @@ AUTHORIZATION = {
         "WatchNotices": roles(COORDINATOR, OPERATOR),
         "Flush": roles(COORDINATOR, OPERATOR),
         "Status": roles(COORDINATOR, OPERATOR),
+        "Settle": roles(COORDINATOR, OPERATOR),
     }
 }
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_SETTLE_SECONDS = 300.0
 
 
 def notice_event(notice: Notice, daemon_id: str, flush: FlushReport | None = None) -> NoticeEvent:
@@ -87,14 +96,18 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
         daemon: ContextDaemon,
         subscribers: Subscribers,
         store: RedisStore | None,
+        persister: Persister | None = None,
         staging: PeerStaging | None = None,
         keyring: MacKeyring = LOOPBACK_KEYRING,
+        migrator: PeerMigrator | None = None,
     ) -> None:
         self._daemon = daemon
         self._subscribers = subscribers
         self._store = store
         self._staging = staging or PeerStaging()
         self._receiver = PeerReceiver(self._staging, keyring)
+        self._persister = persister
+        self._migrator = migrator
 
     @maps_errors
     async def Status(  # noqa: N802 - gRPC method name
@@ -117,6 +130,9 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
         msg.staged_bytes = staged.staged_bytes
         msg.staged_blocks = staged.staged_blocks
         msg.refused_blocks = staged.refused_blocks
+        if self._persister is not None:
+            msg.persisted_bytes = self._persister.written_bytes
+            msg.pending_writes = self._persister.pending_blocks
         if state.last_notice is not None:
             msg.notice.CopyFrom(
                 notice_event_to_proto(notice_event(state.last_notice, config.daemon_id))
@@ -168,10 +184,42 @@ class ContextDaemonService(daemon_pb2_grpc.ContextDaemonServicer):
         return daemon_pb2.DropStagedResponse(blocks=dropped.blocks, bytes=dropped.bytes)
 
     @maps_errors
+    async def Settle(  # noqa: N802
+        self, request: daemon_pb2.SettleRequest, context: grpc.aio.ServicerContext
+    ) -> daemon_pb2.SettleResponse:
+        if not 0 <= request.timeout_seconds <= MAX_SETTLE_SECONDS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"timeout_seconds must be within [0, {MAX_SETTLE_SECONDS:.0f}], "
+                f"got {request.timeout_seconds}",
+            )
+        persister = self._persister
+        if persister is None:
+            return daemon_pb2.SettleResponse(handoff=False, settled=True)
+        settled = await asyncio.to_thread(persister.settle, request.timeout_seconds)
+        return daemon_pb2.SettleResponse(
+            handoff=True,
+            settled=settled,
+            pending_blocks=persister.pending_blocks,
+            written_blocks=persister.written_blocks,
+        )
+
+    @maps_errors
     async def Flush(  # noqa: N802
         self, request: daemon_pb2.FlushRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[daemon_pb2.FlushProgress]:
-        async for report in self._daemon.flush(request.deadline_unix):
+        deadline = request.deadline_unix or (
+            time.time() + self._daemon.config.effective_grace_seconds
+        )
+        reports = self._daemon.flush(deadline)
+        if request.peer_targets and self._migrator is not None:
+            reports = merged(
+                reports,
+                self._migrator.migrate(
+                    dict(request.peer_targets), deadline, self._daemon.config.daemon_id
+                ),
+            )
+        async for report in reports:
             yield flush_report_to_proto(report)
 
 
@@ -189,14 +237,36 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
         config, Hooks(subscribers, metrics), orchestrated=subscribers.orchestrated
     )
     metrics.read_state_from(daemon.state)
-    staging = PeerStaging(config.staging)
+    staging = (
+        FileStaging(Path(config.kv_peer_staging_dir), config.staging)
+        if config.kv_peer_staging_dir
+        else PeerStaging(config.staging)
+    )
     keyring = keyring_for(config.store.mac_key_file)
+    persister = None
+    migrator = None
+    if config.kv_handoff_socket:
+        assert store is not None, "the config refuses a hand-off socket without a store"
+        mirror = BlockMirror(config.peer_mirror_bytes)
+        persister = Persister(config.kv_handoff_socket, store, mirror)
+        migrator = PeerMigrator(
+            mirror, lambda: persister.ranks if persister else 0, keyring, config.transport
+        )
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
     server = async_server(MAX_MESSAGE_BYTES, interceptors=[AuthorizationInterceptor(AUTHORIZATION)])
     health = add_health_and_reflection(server, [SERVICE_NAME])
     daemon_pb2_grpc.add_ContextDaemonServicer_to_server(
-        ContextDaemonService(daemon, subscribers, store, staging=staging, keyring=keyring), server
+        ContextDaemonService(
+            daemon,
+            subscribers,
+            store,
+            persister,
+            staging=staging,
+            keyring=keyring,
+            migrator=migrator,
+        ),
+        server,
     )
     port = listen(server, f"{config.host}:{config.port}", config.transport)
     await server.start()
@@ -217,6 +287,8 @@ async def serve(config: DaemonConfig, stop: asyncio.Event | None = None) -> int:
     await sweeper
     await server.stop(DAEMON_STOP_GRACE_SECONDS)
     await daemon.worker.close()
+    if persister is not None:
+        await asyncio.to_thread(persister.close)
     metrics.stop()
     if store is not None:
         store.close()

@@ -126,3 +126,6 @@ BATCH_SCAN_SECONDS = 3.0  # how often unfinished jobs in the store are looked fo
 BATCH_BUSY_RETRY_SECONDS = 0.5  # a line whose queue was full (or no worker) waits this
 BATCH_LIST_DEFAULT_LIMIT = 20
 BATCH_LIST_MAX_LIMIT = 100
+# A lost worker's daemon (when it outlived the worker's process) gets this long to write what
+# the worker handed over before the requests resume elsewhere.
+LOST_WORKER_SETTLE_SECONDS = 5.0

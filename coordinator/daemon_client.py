@@ -7,13 +7,16 @@ drill, calls Flush as a cloud notice would make the daemon do.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 from common.channels import PLAINTEXT, TransportConfig, async_channel
 from common.messages import FlushReport, NoticeEvent
 from protos.convert import flush_report_from_proto, notice_event_from_proto
 from protos.spotinfer.v1 import daemon_pb2, daemon_pb2_grpc
+
+# Beyond the daemon's own wait: the call itself (a connection, one reply).
+SETTLE_CALL_MARGIN_SECONDS = 2.0
 
 
 class DaemonEndpoint(Protocol):
@@ -30,8 +33,19 @@ class DaemonEndpoint(Protocol):
         """Every notice and flush report from the subscription on, until it breaks."""
         ...
 
-    def flush(self, deadline_unix: float, timeout_seconds: float) -> AsyncIterator[FlushReport]:
-        """The daemon's Flush: one report per paused request."""
+    def flush(
+        self,
+        deadline_unix: float,
+        timeout_seconds: float,
+        peer_targets: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[FlushReport]:
+        """The daemon's Flush: one report per paused request (``peer_targets``: request id ->
+        its target's daemon, where the daemon pushes that request's KV too)."""
+        ...
+
+    async def settle(self, timeout_seconds: float) -> bool:
+        """The daemon's Settle: True once what its worker handed over is written (or it
+        persists nothing for it)."""
         ...
 
 
@@ -65,13 +79,24 @@ class DaemonClient:
         finally:
             call.cancel()
 
+    async def settle(self, timeout_seconds: float) -> bool:
+        reply = await self._stub.Settle(
+            daemon_pb2.SettleRequest(timeout_seconds=timeout_seconds),
+            timeout=timeout_seconds + SETTLE_CALL_MARGIN_SECONDS,
+        )
+        return bool(reply.settled)
+
     async def flush(
-        self, deadline_unix: float, timeout_seconds: float
+        self,
+        deadline_unix: float,
+        timeout_seconds: float,
+        peer_targets: Mapping[str, str] | None = None,
     ) -> AsyncIterator[FlushReport]:
         """The daemon's Flush: it has its worker pause and persist every request; one report
         per request as the worker gives it."""
         call = self._stub.Flush(
-            daemon_pb2.FlushRequest(deadline_unix=deadline_unix), timeout=timeout_seconds
+            daemon_pb2.FlushRequest(deadline_unix=deadline_unix, peer_targets=peer_targets or {}),
+            timeout=timeout_seconds,
         )
         try:
             async for msg in call:

@@ -163,6 +163,8 @@ class ResumeFromStore(FailoverPolicy, name="resume"):
             )
         if lease is None:
             raise RequestLost(f"no worker left to continue on after {why.detail}")
+        if self._migrations is not None:
+            await self._migrations.settle_lost(lost.entry)
         log.warning(
             "request %s: %s on %s; resuming on %s from index %d",
             request.request_id,
@@ -223,7 +225,7 @@ async def _resume_or_start(
     the request), a plain Generate on the new worker instead."""
     client = lease.entry.client
     try:
-        async for chunk in client.resume(request.request_id, len(delivered), delivered):
+        async for chunk in client.resume(request.request_id, len(delivered), delivered, request):
             yield chunk
         return
     except NothingPersisted:

@@ -51,6 +51,7 @@ from coordinator.constants import (
     FLUSH_REPORT_KEEP_SECONDS,
     FLUSH_WAIT_MARGIN_SECONDS,
     FLUSH_WAIT_WITHOUT_DAEMON_SECONDS,
+    LOST_WORKER_SETTLE_SECONDS,
     NOTICE_DEFAULT_GRACE_SECONDS,
     PREFETCH_TIMEOUT_SECONDS,
     STAGING_CONCURRENCY,
@@ -116,6 +117,7 @@ class Migrations:
         self._daemon_factory = daemon_factory
         self._clock = clock
         self._daemons: dict[str, DaemonEndpoint] = {}  # by worker address
+        self._settling: dict[str, asyncio.Task[None]] = {}  # by worker address
         self._tasks: set[asyncio.Task[None]] = set()
         self._deadlines: dict[str, float] = {}  # notice deadline by worker address
         self._reports: dict[tuple[str, str], tuple[FlushReport, float]] = {}
@@ -149,6 +151,42 @@ class Migrations:
         daemon = self._daemon_factory(entry.daemon_address)
         self._daemons[entry.address] = daemon
         self._spawn(self._follow(entry, daemon), f"notices-{entry.address}")
+
+    async def settle_lost(self, entry: WorkerEntry) -> None:
+        """Before a lost worker's requests resume elsewhere: its daemon, if it outlived the
+        worker (a process crash, not the VM), finishes writing what the worker handed over
+        (bounded by LOST_WORKER_SETTLE_SECONDS). One call per worker at a time, shared by
+        every request that was on it."""
+        if not entry.daemon_address:
+            return
+        task = self._settling.get(entry.address)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._settle(entry))
+            self._settling[entry.address] = task
+            task.add_done_callback(lambda _: self._settling.pop(entry.address, None))
+        await asyncio.shield(task)
+
+    async def _settle(self, entry: WorkerEntry) -> None:
+        daemon = self._daemons.get(entry.address)
+        owned = daemon is None
+        if daemon is None:
+            daemon = self._daemon_factory(entry.daemon_address)
+        started = time.monotonic()
+        try:
+            settled = await daemon.settle(LOST_WORKER_SETTLE_SECONDS)
+        except grpc.aio.AioRpcError as error:
+            # The VM went with it (or the daemon persists nothing): resume from what is stored.
+            log.info("worker %s's daemon did not settle (%s)", entry.worker_id, error.code())
+            return
+        finally:
+            if owned:
+                await daemon.close()
+        log.info(
+            "worker %s's daemon %s its hand-off in %.2f s",
+            entry.worker_id,
+            "settled" if settled else "did not finish",
+            time.monotonic() - started,
+        )
 
     def noticed(self, entry: WorkerEntry, deadline_unix: float) -> None:
         """The worker's VM ends at ``deadline_unix``: route nothing new to it."""
@@ -269,6 +307,16 @@ class Migrations:
                     if not new_blocks or _blocks_behind(moving, move, source) < 1:
                         break  # the source filled no block since this stage read the store
             except PrefetchRefused as exc:
+                if exc.unavailable and source.daemon_address and lease.entry.daemon_address:
+                    # Its KV can still move daemon to daemon at the pause (the target's
+                    # store is what failed): the target stays reserved.
+                    log.warning(
+                        "request %s: staging on %s stopped (%s); its KV moves peer to peer",
+                        request_id,
+                        lease.entry.worker_id,
+                        exc,
+                    )
+                    return
                 self.abandon(request_id, f"target {lease.entry.worker_id} refused: {exc}")
                 return
             log.info(
@@ -417,8 +465,14 @@ class Migrations:
         self, entry: WorkerEntry, daemon: DaemonEndpoint, deadline_unix: float
     ) -> None:
         timeout = max(0.0, deadline_unix - self._clock()) + FLUSH_WAIT_MARGIN_SECONDS
+        # Each staged request's KV also goes daemon to daemon, to its target's.
+        peer_targets = {
+            move.request_id: move.lease.entry.daemon_address
+            for move in self._moves.values()
+            if move.source_address == entry.address and move.lease.entry.daemon_address
+        }
         try:
-            async for report in daemon.flush(deadline_unix, timeout):
+            async for report in daemon.flush(deadline_unix, timeout, peer_targets):
                 self.flushed(entry.address, report)
         except grpc.aio.AioRpcError as exc:
             log.warning("flush through the daemon of %s failed: %s", entry.worker_id, exc)

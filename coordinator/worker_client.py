@@ -29,7 +29,13 @@ from protos.spotinfer.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 
 class PrefetchRefused(RuntimeError):
-    """The target will not stage the request (no room, no store, draining, not found)."""
+    """The target will not stage the request (no room, no store, draining, not found).
+    ``unavailable``: it could not (UNAVAILABLE: its store, or itself, did not answer), not
+    that it would not."""
+
+    def __init__(self, message: str, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
 
 
 class WorkerEndpoint(Protocol):
@@ -51,11 +57,16 @@ class WorkerEndpoint(Protocol):
         ...
 
     def resume(
-        self, request_id: str, from_index: int, delivered: Sequence[int] = ()
+        self,
+        request_id: str,
+        from_index: int,
+        delivered: Sequence[int] = (),
+        request: GenerationRequest | None = None,
     ) -> AsyncIterator[TokenChunk]:
         """The rest of a persisted request from ``from_index``, continued from prompt +
         ``delivered`` (the tokens the client has) when given; NothingPersisted when the
-        store holds no record of it."""
+        store holds no record of it. ``request``: the request itself, which the worker
+        resumes from when its store cannot be reached."""
         ...
 
     async def abort(self, request_id: str) -> bool:
@@ -95,7 +106,11 @@ class WorkerClient:
         return self._follow(self._stub.Generate(request_to_proto(request)))
 
     def resume(
-        self, request_id: str, from_index: int, delivered: Sequence[int] = ()
+        self,
+        request_id: str,
+        from_index: int,
+        delivered: Sequence[int] = (),
+        request: GenerationRequest | None = None,
     ) -> AsyncIterator[TokenChunk]:
         """Worker.Resume: the rest of a request from its persisted state, from ``from_index``,
         continued from prompt + ``delivered`` (the client's tokens) when given. Raises
@@ -103,6 +118,8 @@ class WorkerClient:
         msg = worker_pb2.ResumeRequest(
             request_id=request_id, from_index=from_index, delivered_token_ids=delivered
         )
+        if request is not None:
+            msg.request.CopyFrom(request_to_proto(request))
         return self._follow(self._stub.Resume(msg), resuming=True)
 
     async def _follow(
@@ -144,7 +161,10 @@ class WorkerClient:
                 worker_pb2.PrefetchRequest(request_id=request_id), timeout=timeout_seconds
             )
         except grpc.aio.AioRpcError as exc:
-            raise PrefetchRefused(f"{exc.code().name}: {exc.details()}") from exc
+            raise PrefetchRefused(
+                f"{exc.code().name}: {exc.details()}",
+                unavailable=exc.code() == grpc.StatusCode.UNAVAILABLE,
+            ) from exc
         return prefetch_result_from_proto(msg)
 
     async def drop_prefetch(self, request_id: str) -> int:

@@ -165,6 +165,10 @@ class KVBlockWriter:
             return
         self._queue.put_nowait(dataclasses.replace(block, required=True) if required else block)
 
+    def submit_paused(self, request_id: str, full_blocks: int, tail_tokens: int) -> None:
+        """A pause's writes are all submitted: nothing to do here (a daemon behind the
+        hand-off uses it to move the request to a peer)."""
+
     def submit_no_kv(self, request_id: str) -> None:
         """Queue the mark of a paused request that had no KV to save (after its tokens)."""
         self._queue.put_nowait(NoKVMark(request_id))

@@ -2,7 +2,7 @@
 
     worker (each rank)                               context daemon
     ring of block buffers (a memfd, shared) ───────▶ mapped once, at HELLO
-    control channel (unix SOCK_SEQPACKET)   ──────▶ BLOCK / TOKENS / NO_KV, in order
+    control channel (unix SOCK_SEQPACKET)   ──────▶ BLOCK / TOKENS / NO_KV / PAUSED, in order
                                             ◀────── DONE: slots free again, what was written
 
 The worker copies a block out of its KV cache straight into a free slot of the ring and sends
@@ -45,6 +45,7 @@ class Kind(enum.IntEnum):
     TOKENS = 3  # worker → daemon: a token commit (a flush's, or a finished request's)
     NO_KV = 4  # worker → daemon: a paused request had no KV to save
     DONE = 5  # daemon → worker: slots to reuse, the writer's totals
+    PAUSED = 6  # worker → daemon: a paused request's writes are all handed over (this rank's)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,16 @@ class NoKVNote:
 
 
 @dataclass(frozen=True)
+class PausedNote:
+    """A paused request's writes are all handed over (by this rank): its KV is
+    ``full_blocks`` full blocks and a tail of ``tail_tokens`` (0: none)."""
+
+    request_id: str
+    full_blocks: int = 0
+    tail_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class Done:
     freed: tuple[int, ...]
     written_blocks: int
@@ -87,7 +98,7 @@ class Done:
     pending_blocks: int
 
 
-Note = Hello | BlockNote | TokensNote | NoKVNote | Done
+Note = Hello | BlockNote | TokensNote | NoKVNote | Done | PausedNote
 
 
 def connect(path: str, timeout_seconds: float) -> socket.socket:
@@ -153,6 +164,7 @@ def _kind(note: Note) -> int:
         TokensNote: Kind.TOKENS,
         NoKVNote: Kind.NO_KV,
         Done: Kind.DONE,
+        PausedNote: Kind.PAUSED,
     }
     return int(kinds[type(note)])
 
@@ -178,6 +190,8 @@ def _encode(note: Note) -> dict[str, Any]:
         }
     if isinstance(note, NoKVNote):
         return {"request_id": note.request_id}
+    if isinstance(note, PausedNote):
+        return dataclasses.asdict(note)
     fields = dataclasses.asdict(note)
     fields["freed"] = list(note.freed)
     return fields
@@ -205,6 +219,10 @@ def _decode(kind: Kind, body: dict[str, Any]) -> Note:
         return TokensNote(commit, bool(body["final"]))
     if kind is Kind.NO_KV:
         return NoKVNote(str(body["request_id"]))
+    if kind is Kind.PAUSED:
+        return PausedNote(
+            str(body["request_id"]), int(body["full_blocks"]), int(body["tail_tokens"])
+        )
     return Done(
         freed=tuple(int(s) for s in body["freed"]),
         written_blocks=int(body["written_blocks"]),

@@ -47,6 +47,12 @@ class Flush:
     """Our id when the engine had computed none of the request's KV (it had not been
     scheduled yet): nothing to save, and the record is marked so the flush counts as
     complete without blocks or tail."""
+    request_id: str = ""
+    """Ours (vLLM's id carries a suffix): the pause is handed over under it."""
+    full_blocks: int = 0
+    """Full blocks the request's KV fills (all of them, saved before or now)."""
+    tail_tokens: int = 0
+    """Tokens of its partial last block (0: none)."""
 
 
 class SavingRequest(Protocol):
@@ -85,6 +91,11 @@ def add_flushes(meta: SpotConnectorMetadata, flushes: list[Flush], block_bytes: 
             meta.saves.extend(by_id[step.request_id].saves)
     meta.released.extend(flush.vllm_id for flush in flushes if flush.saves)
     meta.without_kv.extend(flush.without_kv for flush in flushes if flush.without_kv)
+    meta.paused.extend(
+        (flush.request_id, flush.full_blocks, flush.tail_tokens)
+        for flush in flushes
+        if flush.request_id
+    )
 
 
 class BlockSaves:
@@ -243,4 +254,12 @@ class BlockSaves:
         saving.saved_blocks = full_blocks
         outputs = tuple(request.output_token_ids)
         commit = TokenCommit(saving.request_id, saving.first_index, outputs) if outputs else None
-        return Flush(request.request_id, commit, saves, "" if computed else saving.request_id)
+        return Flush(
+            request.request_id,
+            commit,
+            saves,
+            "" if computed else saving.request_id,
+            saving.request_id,
+            full_blocks,
+            tail_tokens,
+        )

@@ -200,6 +200,14 @@ class WorkerConfig:
             "them to Redis itself"
         },
     )
+    kv_peer_staging_dir: str = field(
+        default="",
+        metadata={
+            "help": "where the node's daemon puts the KV blocks a peer daemon pushed for a "
+            "migration to this worker (its --kv-peer-staging-dir); resumes read them there "
+            "before the store; empty: no peer migration to this worker"
+        },
+    )
     kv_persist_policy: str = field(
         default="eager",
         metadata={

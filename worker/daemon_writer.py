@@ -29,7 +29,7 @@ import torch
 
 from store import KVFormat, RedisStore, TokenCommit, handoff
 from store.block_writer import KVBlockWriter, PendingBlock
-from store.handoff import BlockNote, Done, Hello, NoKVNote, TokensNote
+from store.handoff import BlockNote, Done, Hello, NoKVNote, PausedNote, TokensNote
 from worker.constants import KV_WRITE_QUEUE_BLOCKS
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class _Link:
             if fd is not None:
                 os.close(fd)
 
-    def send(self, note: TokensNote | NoKVNote) -> None:
+    def send(self, note: TokensNote | NoKVNote | PausedNote) -> None:
         handoff.send(self.sock, note)
 
     def close(self) -> None:
@@ -205,6 +205,9 @@ class HandoffWriter:
         if not self._send(NoKVNote(request_id)):
             self._fallback().submit_no_kv(request_id)
 
+    def submit_paused(self, request_id: str, full_blocks: int, tail_tokens: int) -> None:
+        self._send(PausedNote(request_id, full_blocks, tail_tokens))
+
     @property
     def written_blocks(self) -> int:
         return self._total("written_blocks", "written_blocks")
@@ -235,7 +238,7 @@ class HandoffWriter:
             total += getattr(self._local, local_field)
         return int(total)
 
-    def _send(self, note: TokensNote | NoKVNote) -> bool:
+    def _send(self, note: TokensNote | NoKVNote | PausedNote) -> bool:
         link = self._live()
         if link is None:
             return False

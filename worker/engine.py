@@ -198,12 +198,17 @@ class Engine:
         return self._streams.generate(request)
 
     def resume(
-        self, request_id: str, from_index: int, delivered: tuple[int, ...] = ()
+        self,
+        request_id: str,
+        from_index: int,
+        delivered: tuple[int, ...] = (),
+        request: GenerationRequest | None = None,
     ) -> AsyncGenerator[TokenChunk, None]:
         """Continues a request from the store, streaming every token from ``from_index`` on,
         from prompt + ``delivered`` when the caller knows what its client has (see
-        `Resumption.resume`). Raises RecordNotFound, CannotResume or InvalidRequest."""
-        return self._resumption.resume(request_id, from_index, delivered)
+        `Resumption.resume`; ``request``: the request itself, for a store that cannot be
+        reached). Raises RecordNotFound, CannotResume or InvalidRequest."""
+        return self._resumption.resume(request_id, from_index, delivered, request)
 
     async def abort(self, request_id: str) -> None:
         await self._streams.abort(request_id)

@@ -110,6 +110,7 @@ class EngineBuilder:
                 self.config.kv_load,
                 self.config.kv_persist_rate_bytes_per_second,
                 self.config.kv_handoff_socket,
+                self.config.kv_peer_staging_dir,
             )
         )
 

@@ -37,10 +37,12 @@ from pathlib import Path
 import grpc
 
 from common.errors import ServiceError
+from store.staged_files import staged_name, staged_path
+
+__all__ = ["StagingArea", "StagingFull", "read_staged", "staged_name", "staged_path"]
 
 log = logging.getLogger(__name__)
 
-_SUFFIX = ".blk"
 _SHARED_MEMORY = Path("/dev/shm")
 
 
@@ -60,16 +62,6 @@ def default_staging_root(worker_id: str) -> Path:
     )
     safe_id = "".join(c if c.isalnum() or c in "-_" else "_" for c in worker_id)[:64]
     return Path(tempfile.mkdtemp(prefix=f"spotinfer-staging-{safe_id}-", dir=base))
-
-
-def staged_path(root: Path, prefix_hash: bytes) -> Path:
-    return root / f"{prefix_hash.hex()}{_SUFFIX}"
-
-
-def staged_name(prefix_hash: bytes, shard: str = "") -> bytes:
-    """What a staged value is named by: its block's hash, and a sharded worker's rank
-    (store.keys.shard_suffix) after it, so every rank's shard is a file of its own."""
-    return prefix_hash + shard.encode()
 
 
 def read_staged(root: Path, prefix_hash: bytes) -> memoryview | None:

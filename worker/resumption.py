@@ -24,8 +24,9 @@ from common.requests import (
     Sampling,
     TokenChunk,
 )
-from store import RequestStatus
+from store import RequestRecord, RequestStatus, StoreUnavailable
 from store.keys import shard_suffixes
+from store.request_record import sampling_to_record
 from worker.constants import (
     KV_PARAM_FIRST_INDEX,
     KV_PARAM_REQUEST_ID,
@@ -52,7 +53,11 @@ class Resumption:
         self._streams = streams
 
     async def resume(
-        self, request_id: str, from_index: int, delivered: tuple[int, ...] = ()
+        self,
+        request_id: str,
+        from_index: int,
+        delivered: tuple[int, ...] = (),
+        request: GenerationRequest | None = None,
     ) -> AsyncGenerator[TokenChunk, None]:
         """Continues a request from the store, streaming every token from ``from_index`` on:
         first the committed ones the client lacks (at once, from the store), then, once the
@@ -63,7 +68,7 @@ class Resumption:
         Raises RecordNotFound, CannotResume or InvalidRequest. A run of the request still
         going on here (its old caller gone unseen) is paused first
         (`RequestStreams.take_over`)."""
-        point = await self._point(request_id, from_index, delivered)
+        point = await self._point(request_id, from_index, delivered, request)
         assert self._ctx.committer is not None  # checked by _point
         if point.record.status is RequestStatus.FINISHED:
             # It ended before its caller got the end (that caller died, or its stream broke
@@ -81,16 +86,8 @@ class Resumption:
         )
         if point.remaining_tokens == 0:
             # The old worker produced every token but died before it could say so.
-            self._ctx.committer.admit(point.record, point.committed_token_ids, point.stored_tokens)
-            self._ctx.committer.finish(request_id, RequestStatus.FINISHED, FinishReason.LENGTH.name)
-            yield self._recovered_chunk(point, from_index, len(point.engine_prompt), 0)
-            yield TokenChunk(
-                request_id,
-                min(from_index, point.next_index),
-                token_ids=point.committed_token_ids[from_index:],
-                finish_reason=FinishReason.LENGTH,
-                worker_id=self._ctx.config.worker_id,
-            )
+            for chunk in self._all_produced(point, from_index):
+                yield chunk
             return
         self._streams.validate(request)
         self._ctx.committer.admit(point.record, point.committed_token_ids, point.stored_tokens)
@@ -133,9 +130,15 @@ class Resumption:
                     yield trimmed
 
     async def _point(
-        self, request_id: str, from_index: int, delivered: tuple[int, ...]
+        self,
+        request_id: str,
+        from_index: int,
+        delivered: tuple[int, ...],
+        request: GenerationRequest | None = None,
     ) -> ResumePoint:
-        """Where the request continues from: the store's state, as its client saw it."""
+        """Where the request continues from: the store's state, as its client saw it; when
+        the store cannot be reached and the caller sent the request and its client's tokens
+        (a migration whose KV came peer to peer), those."""
         if delivered and len(delivered) != from_index:
             raise InvalidRequest(
                 f"delivered_token_ids holds {len(delivered)} tokens but from_index is "
@@ -145,10 +148,55 @@ class Resumption:
         self._streams.check_admission(request_id)
         if self._ctx.store is None or self._ctx.committer is None:
             raise CannotResume("this worker runs without a store (--redis-url); it cannot resume")
-        point = await asyncio.to_thread(
-            read_resume_point, self._ctx.store, request_id, self._ctx.fingerprint
-        )
+        try:
+            point = await asyncio.to_thread(
+                read_resume_point, self._ctx.store, request_id, self._ctx.fingerprint
+            )
+        except StoreUnavailable as exc:
+            if request is None or request.request_id != request_id:
+                raise
+            log.warning(
+                "resume of %s: the store cannot be reached (%s); resuming from the request "
+                "and the %d tokens its client received",
+                request_id,
+                exc,
+                len(delivered),
+            )
+            return ResumePoint(self._unstored_record(request), delivered, stored_tokens=0)
         return point.continued_from(delivered)
+
+    def _unstored_record(self, request: GenerationRequest) -> RequestRecord:
+        """The record a resume without the store stands on (the committer writes it once
+        the store answers)."""
+        return RequestRecord(
+            request_id=request.request_id,
+            model_fingerprint=self._ctx.fingerprint,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling_params=sampling_to_record(request.sampling),
+            kv_block_tokens=self._ctx.require_shape().kv_chunk_tokens,
+            status=RequestStatus.PAUSED,
+            owner_worker_id=self._ctx.config.worker_id,
+            tenant=request.tenant,
+            sla_class=request.sla_class.name,
+            priority=request.priority,
+        )
+
+    def _all_produced(self, point: ResumePoint, from_index: int) -> list[TokenChunk]:
+        """Ends a request whose every token was produced: the event and the rest, ended."""
+        assert self._ctx.committer is not None
+        request_id = point.record.request_id
+        self._ctx.committer.admit(point.record, point.committed_token_ids, point.stored_tokens)
+        self._ctx.committer.finish(request_id, RequestStatus.FINISHED, FinishReason.LENGTH.name)
+        return [
+            self._recovered_chunk(point, from_index, len(point.engine_prompt), 0),
+            TokenChunk(
+                request_id,
+                min(from_index, point.next_index),
+                token_ids=point.committed_token_ids[from_index:],
+                finish_reason=FinishReason.LENGTH,
+                worker_id=self._ctx.config.worker_id,
+            ),
+        ]
 
     def _finished_chunk(self, point: ResumePoint, from_index: int) -> TokenChunk:
         name = point.record.finish_reason

@@ -120,7 +120,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             check_request_id(request.request_id)
             async with contextlib.aclosing(
                 self._engine.resume(
-                    request.request_id, request.from_index, tuple(request.delivered_token_ids)
+                    request.request_id,
+                    request.from_index,
+                    tuple(request.delivered_token_ids),
+                    self._to_request(request.request) if request.HasField("request") else None,
                 )
             ) as chunks:
                 async for chunk in chunks:

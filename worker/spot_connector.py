@@ -109,6 +109,7 @@ def connector_config(
     kv_load: str = "async",
     rate_cap_bytes_per_second: float = 0.0,
     handoff_socket: str = "",
+    peer_staging_dir: str = "",
 ) -> dict[str, Any]:
     """The `kv_transfer_config` that makes vLLM load this connector. ``policy``: one of
     KV_PERSIST_POLICIES; ``staging_dir``: where this worker stages prefetched blocks as a
@@ -117,7 +118,8 @@ def connector_config(
     SUPPORTED_VLLM_LINE; ``kv_load``: how a resume reads its stored KV (see KV_LOAD_MODES);
     ``rate_cap_bytes_per_second``: hybrid's cap (0 under the other policies);
     ``handoff_socket``: the node's context daemon takes the writes there (store/handoff.py;
-    empty: each rank writes Redis itself)."""
+    empty: each rank writes Redis itself); ``peer_staging_dir``: where the node's daemon puts
+    the KV a peer daemon pushed for a migration to this worker (empty: none)."""
     return {
         "kv_connector": SPOT_CONNECTOR_CLASS,
         "kv_connector_module_path": SPOT_CONNECTOR_MODULE,
@@ -132,8 +134,13 @@ def connector_config(
             "kv_load": kv_load,
             "rate_cap_bytes_per_second": rate_cap_bytes_per_second,
             "handoff_socket": handoff_socket,
+            "peer_staging_dir": peer_staging_dir,
         },
     }
+
+
+def _dir_or_none(path: object) -> Path | None:
+    return Path(str(path)) if path else None
 
 
 def _loads_refused(place: ParallelPlace) -> str:
@@ -212,6 +219,7 @@ class SpotKVConnector(KVConnectorBase_V1):
                 ],
                 KVFetcher(store_config, store),
                 float(extra.get_from_extra_config("rate_cap_bytes_per_second", 0.0)),
+                peer_staging_root=_dir_or_none(extra.get_from_extra_config("peer_staging_dir", "")),
             )
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = SpotConnectorWorker(

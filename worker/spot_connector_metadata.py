@@ -60,3 +60,7 @@ class SpotConnectorMetadata(KVConnectorMetadata):
     """Our ids of paused requests of which no KV was computed: their records say so."""
     final_commits: list[TokenCommit] = field(default_factory=list)
     """Whole token lists of requests that reached their max_tokens (best effort)."""
+    paused: list[tuple[str, int, int]] = field(default_factory=list)
+    """The requests whose pause this step writes: our id, the full blocks and the tail's
+    tokens their KV makes (every rank then says the pause is handed over, so a daemon moving
+    it to a peer knows when it holds all of it)."""

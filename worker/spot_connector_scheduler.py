@@ -100,20 +100,21 @@ class _LoadPlan:
 
 def load_blocks(
     wanted: list[BlockRead],
-    staging_root: Path | None,
+    staging_roots: Sequence[Path],
     kv_formats: Sequence[KVFormat],
     store: RedisStore,
     reader: BlockReader | None = None,
 ) -> tuple[list[Sharded | BlockRejected], list[bool]]:
     """``wanted`` blocks, every shard of each (``kv_formats``: one per rank, rank order),
-    from the staging memory where a migration prefetched them (verified like a store read),
+    from the staging memory where a migration prefetched them, or where the node's daemon
+    put what a peer pushed (``staging_roots``; verified like a store read),
     the rest from Redis through ``reader`` (the store itself by default), one round trip per
     shard; with, per block, whether it came from staging. A block with a refused shard is
     refused (the first refusal says why)."""
     shards = [
         _load_shard(
             [dataclasses.replace(read, shard=form.shard) for read in wanted],
-            staging_root,
+            staging_roots,
             form,
             store,
             reader or store,
@@ -142,7 +143,7 @@ def _payloads(shards: Sharded) -> tuple[Buffer, ...]:
 def read_blocks(
     request_id: str,
     wanted: list[BlockRead],
-    staging_root: Path | None,
+    staging_roots: Sequence[Path],
     kv_formats: Sequence[KVFormat],
     store: RedisStore,
     attempts: int,
@@ -152,7 +153,7 @@ def read_blocks(
     so (the resume recomputes)."""
     for attempt in range(1, attempts + 1):
         try:
-            return load_blocks(wanted, staging_root, kv_formats, store, reader)
+            return load_blocks(wanted, staging_roots, kv_formats, store, reader)
         except StoreUnavailable as exc:
             again = attempt < attempts
             log.log(
@@ -167,18 +168,19 @@ def read_blocks(
 
 def _load_shard(
     wanted: list[BlockRead],
-    staging_root: Path | None,
+    staging_roots: Sequence[Path],
     kv_format: KVFormat,
     store: RedisStore,
     reader: BlockReader,
 ) -> tuple[list[KVBlock | BlockRejected], list[bool]]:
     """load_blocks for one shard."""
     loaded: list[KVBlock | BlockRejected | None] = [None] * len(wanted)
-    if staging_root is not None:
+    for root in staging_roots:
         for position, read in enumerate(wanted):
-            if not read.is_full:
+            if loaded[position] is not None:
                 continue
-            data = read_staged(staging_root, staged_name(read.prefix_hash, read.shard))
+            # A tail is staged only by a peer's push (named by its content hash, like a block).
+            data = read_staged(root, staged_name(read.prefix_hash, read.shard))
             if data is None:
                 continue
             try:
@@ -216,6 +218,8 @@ class SpotConnectorScheduler:
     spot_connector.py); ``rate_cap_bytes_per_second``: hybrid's cap (persist_rate_cap.py),
     measured on ``clock``;
     ``staging_root``: where a migration staged blocks for this worker, if anywhere;
+    ``peer_staging_root``: where the node's daemon puts the blocks (and tails) a peer daemon
+    pushed for a migration to this worker, if anywhere;
     ``loads_refused``: why resumes must recompute instead of loading (empty: they load);
     ``kv_load``: ``async`` reads a resume's stored KV on a thread while the engine steps on
     (vLLM asks again each step until the count is known) and loads it through vLLM's
@@ -236,6 +240,7 @@ class SpotConnectorScheduler:
         fetcher: KVFetcher | None = None,
         rate_cap_bytes_per_second: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        peer_staging_root: Path | None = None,
     ) -> None:
         assert (policy == "hybrid") == (rate_cap_bytes_per_second > 0), (
             "the worker's config pairs a rate cap with hybrid, and only with it"
@@ -254,7 +259,7 @@ class SpotConnectorScheduler:
         self._kv_format = kv_format
         self._policy = policy
         self._store = store
-        self._staging_root = staging_root
+        self._staging_roots = tuple(r for r in (staging_root, peer_staging_root) if r is not None)
         self._tracked: dict[str, _Tracked] = {}
         self._loads: list[BlockLoad] = []
         self._flushes: list[Flush] = []
@@ -353,7 +358,7 @@ class SpotConnectorScheduler:
         read = read_blocks(
             tracked.request_id,
             wanted,
-            self._staging_root,
+            self._staging_roots,
             self._shard_formats,
             self._store,
             attempts,

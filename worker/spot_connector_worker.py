@@ -176,6 +176,8 @@ class SpotConnectorWorker:
             self._writer.submit_no_kv(request_id)
         for commit in meta.final_commits if first_rank else ():
             self._writer.submit_tokens(commit, final=True)
+        for request_id, full_blocks, tail_tokens in meta.paused:
+            self._writer.submit_paused(request_id, full_blocks, tail_tokens)
         # The copies are private: the cache slots may be freed now.
         self._released.update(meta.released)
 

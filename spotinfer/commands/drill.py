@@ -54,6 +54,13 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="hybrid's cap: MB/s of KV blocks written as they fill (required by hybrid only)",
     )
+    parser.add_argument(
+        "--kv-writer",
+        choices=("daemon", "worker"),
+        default="daemon",
+        help="who writes the KV blocks to Redis: each node's daemon, handed them through "
+        "shared memory (a crash of the worker process loses none), or the worker itself",
+    )
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/spotinfer-cluster"))
     parser.add_argument(
         "--zones",
@@ -157,6 +164,7 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
             memory_gib=args.memory_gib,
             persist_policy=args.kv_persist_policy,
             persist_rate_mb_s=args.kv_persist_rate_mb_s,
+            kv_handoff=args.kv_writer == "daemon",
             log_dir=args.log_dir,
             zones=tuple(z.strip() for z in args.zones.split(",")) if args.zones else (),
             fallback_nodes=args.fallback_nodes,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -85,7 +86,7 @@ class ClusterConfig:
     persist_rate_mb_s: float | None = None
     # Each node's daemon writes the KV blocks (and a pause's tokens) its worker hands over
     # through shared memory (--kv-handoff-socket); False: the worker writes Redis itself.
-    kv_handoff: bool = False
+    kv_handoff: bool = True
     policy: str = "spotinfer"  # spotinfer | reroute (restart preempted requests from scratch)
     coordinator_flags: tuple[str, ...] = ()
     worker_flags: tuple[str, ...] = ()  # added to every worker's command line
@@ -423,12 +424,22 @@ class LocalCluster:
         )
 
     def _handoff_flags(self, name: str) -> tuple[str, ...]:
-        """The node's hand-off socket, for its worker and its daemon alike (a short path:
-        unix socket paths end at 107 bytes)."""
+        """The node's hand-off socket and the folder where its daemon lays out KV a peer
+        pushed, for its worker and its daemon alike (a short socket path: unix socket paths
+        end at 107 bytes; the folder on tmpfs where there is one)."""
         if not self.config.kv_handoff:
             return ()
-        path = Path(tempfile.gettempdir()) / f"spot-{os.getpid()}-{id(self):x}-{name}.sock"
-        return ("--kv-handoff-socket", str(path))
+        socket_path, peer_dir = self._handoff_paths(name)
+        return (
+            *("--kv-handoff-socket", str(socket_path)),
+            *("--kv-peer-staging-dir", str(peer_dir)),
+        )
+
+    def _handoff_paths(self, name: str) -> tuple[Path, Path]:
+        stem = f"spot-{os.getpid()}-{id(self):x}-{name}"
+        shm = Path("/dev/shm")
+        peer_root = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        return Path(tempfile.gettempdir()) / f"{stem}.sock", peer_root / f"{stem}-peer"
 
     def _notice_flags(self) -> tuple[str, ...]:
         if not self.config.notice_seconds:
@@ -474,6 +485,10 @@ class LocalCluster:
             thread.start()
         for thread in stopping:
             thread.join()
+        for name in self.nodes:
+            socket_path, peer_dir = self._handoff_paths(name)
+            shutil.rmtree(peer_dir, ignore_errors=True)
+            socket_path.unlink(missing_ok=True)
         self.nodes.clear()
         if self.coordinator is not None:
             self.coordinator.stop()

@@ -13,7 +13,7 @@ Output token ids are ``token_id(index)``, so a test can tell any index from its 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -170,7 +170,11 @@ class FakeWorker:
         return self._open(Call(self.address, "generate", request.request_id)).chunks()
 
     def resume(
-        self, request_id: str, from_index: int, delivered: Sequence[int] = ()
+        self,
+        request_id: str,
+        from_index: int,
+        delivered: Sequence[int] = (),
+        request: GenerationRequest | None = None,
     ) -> AsyncIterator[TokenChunk]:
         stream = self._open(Call(self.address, "resume", request_id, from_index, tuple(delivered)))
         if self.persisted is not None and request_id not in self.persisted:
@@ -254,7 +258,10 @@ class FakeDaemon:
             yield await self._events.get()
 
     async def flush(
-        self, deadline_unix: float, timeout_seconds: float
+        self,
+        deadline_unix: float,
+        timeout_seconds: float,
+        peer_targets: Mapping[str, str] | None = None,
     ) -> AsyncIterator[FlushReport]:
         self.calls.append(Call(self.address, "flush"))
         for report in self.reports():

@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/spotinfer/v1/daemon.proto\x12\x0cspotinfer.v1\"U\n\x0bTokenCommit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"A\n\x13\x43ommitTokensRequest\x12*\n\x07\x63ommits\x18\x01 \x03(\x0b\x32\x19.spotinfer.v1.TokenCommit\")\n\x14\x43ommitTokensResponse\x12\x11\n\tpersisted\x18\x01 \x01(\x08\"5\n\x13WatchNoticesRequest\x12\x1e\n\x16orchestrates_migration\x18\x01 \x01(\x08\"\x9a\x01\n\x0bNoticeEvent\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x15\n\rdeadline_unix\x18\x03 \x01(\x01\x12\x15\n\rreceived_unix\x18\x04 \x01(\x01\x12\x11\n\tdaemon_id\x18\x05 \x01(\t\x12*\n\x05\x66lush\x18\x06 \x01(\x0b\x32\x1b.spotinfer.v1.FlushProgress\"%\n\x0c\x46lushRequest\x12\x15\n\rdeadline_unix\x18\x01 \x01(\x01\"\xac\x01\n\rFlushProgress\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\r\x12\x18\n\x10persisted_blocks\x18\x04 \x01(\r\x12\x16\n\x0etail_persisted\x18\x05 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t\"\x15\n\x13\x44\x61\x65monStatusRequest\"\xed\x02\n\x0c\x44\x61\x65monStatus\x12\x17\n\x0fstore_available\x18\x01 \x01(\x08\x12\x17\n\x0fpersisted_bytes\x18\x02 \x01(\x04\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\x04\x12\x16\n\x0epending_writes\x18\x04 \x01(\r\x12)\n\x06notice\x18\x05 \x01(\x0b\x32\x19.spotinfer.v1.NoticeEvent\x12\x15\n\rnotice_source\x18\x06 \x01(\t\x12\x16\n\x0eworker_address\x18\x07 \x01(\t\x12\x0f\n\x07\x66lushes\x18\x08 \x01(\r\x12/\n\nlast_flush\x18\t \x03(\x0b\x32\x1b.spotinfer.v1.FlushProgress\x12\x18\n\x10worker_reachable\x18\n \x01(\x08\x12\x14\n\x0cstaged_bytes\x18\x0b \x01(\x04\x12\x15\n\rstaged_blocks\x18\x0c \x01(\r\x12\x16\n\x0erefused_blocks\x18\r \x01(\r\"v\n\x0cKvBlockChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_key\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x13\n\x0b\x62lock_bytes\x18\x06 \x01(\x04\"3\n\x12PushBlocksResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"<\n\x12\x46\x65tchStagedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nblock_keys\x18\x02 \x03(\t\"\'\n\x11\x44ropStagedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"3\n\x12\x44ropStagedResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x32\xb1\x04\n\rContextDaemon\x12U\n\x0c\x43ommitTokens\x12!.spotinfer.v1.CommitTokensRequest\x1a\".spotinfer.v1.CommitTokensResponse\x12N\n\x0cWatchNotices\x12!.spotinfer.v1.WatchNoticesRequest\x1a\x19.spotinfer.v1.NoticeEvent0\x01\x12\x42\n\x05\x46lush\x12\x1a.spotinfer.v1.FlushRequest\x1a\x1b.spotinfer.v1.FlushProgress0\x01\x12G\n\x06Status\x12!.spotinfer.v1.DaemonStatusRequest\x1a\x1a.spotinfer.v1.DaemonStatus\x12L\n\nPushBlocks\x12\x1a.spotinfer.v1.KvBlockChunk\x1a .spotinfer.v1.PushBlocksResponse(\x01\x12M\n\x0b\x46\x65tchStaged\x12 .spotinfer.v1.FetchStagedRequest\x1a\x1a.spotinfer.v1.KvBlockChunk0\x01\x12O\n\nDropStaged\x12\x1f.spotinfer.v1.DropStagedRequest\x1a .spotinfer.v1.DropStagedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/spotinfer/v1/daemon.proto\x12\x0cspotinfer.v1\"U\n\x0bTokenCommit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"A\n\x13\x43ommitTokensRequest\x12*\n\x07\x63ommits\x18\x01 \x03(\x0b\x32\x19.spotinfer.v1.TokenCommit\")\n\x14\x43ommitTokensResponse\x12\x11\n\tpersisted\x18\x01 \x01(\x08\"5\n\x13WatchNoticesRequest\x12\x1e\n\x16orchestrates_migration\x18\x01 \x01(\x08\"\x9a\x01\n\x0bNoticeEvent\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x15\n\rdeadline_unix\x18\x03 \x01(\x01\x12\x15\n\rreceived_unix\x18\x04 \x01(\x01\x12\x11\n\tdaemon_id\x18\x05 \x01(\t\x12*\n\x05\x66lush\x18\x06 \x01(\x0b\x32\x1b.spotinfer.v1.FlushProgress\"\x9c\x01\n\x0c\x46lushRequest\x12\x15\n\rdeadline_unix\x18\x01 \x01(\x01\x12\x41\n\x0cpeer_targets\x18\x02 \x03(\x0b\x32+.spotinfer.v1.FlushRequest.PeerTargetsEntry\x1a\x32\n\x10PeerTargetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xac\x01\n\rFlushProgress\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\r\x12\x18\n\x10persisted_blocks\x18\x04 \x01(\r\x12\x16\n\x0etail_persisted\x18\x05 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t\"\x15\n\x13\x44\x61\x65monStatusRequest\"\xed\x02\n\x0c\x44\x61\x65monStatus\x12\x17\n\x0fstore_available\x18\x01 \x01(\x08\x12\x17\n\x0fpersisted_bytes\x18\x02 \x01(\x04\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\x04\x12\x16\n\x0epending_writes\x18\x04 \x01(\r\x12)\n\x06notice\x18\x05 \x01(\x0b\x32\x19.spotinfer.v1.NoticeEvent\x12\x15\n\rnotice_source\x18\x06 \x01(\t\x12\x16\n\x0eworker_address\x18\x07 \x01(\t\x12\x0f\n\x07\x66lushes\x18\x08 \x01(\r\x12/\n\nlast_flush\x18\t \x03(\x0b\x32\x1b.spotinfer.v1.FlushProgress\x12\x18\n\x10worker_reachable\x18\n \x01(\x08\x12\x14\n\x0cstaged_bytes\x18\x0b \x01(\x04\x12\x15\n\rstaged_blocks\x18\x0c \x01(\r\x12\x16\n\x0erefused_blocks\x18\r \x01(\r\"v\n\x0cKvBlockChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_key\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x13\n\x0b\x62lock_bytes\x18\x06 \x01(\x04\"3\n\x12PushBlocksResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"<\n\x12\x46\x65tchStagedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nblock_keys\x18\x02 \x03(\t\"\'\n\x11\x44ropStagedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"3\n\x12\x44ropStagedResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"(\n\rSettleRequest\x12\x17\n\x0ftimeout_seconds\x18\x01 \x01(\x01\"b\n\x0eSettleResponse\x12\x0f\n\x07handoff\x18\x01 \x01(\x08\x12\x0f\n\x07settled\x18\x02 \x01(\x08\x12\x16\n\x0epending_blocks\x18\x03 \x01(\r\x12\x16\n\x0ewritten_blocks\x18\x04 \x01(\x04\x32\xf6\x04\n\rContextDaemon\x12U\n\x0c\x43ommitTokens\x12!.spotinfer.v1.CommitTokensRequest\x1a\".spotinfer.v1.CommitTokensResponse\x12N\n\x0cWatchNotices\x12!.spotinfer.v1.WatchNoticesRequest\x1a\x19.spotinfer.v1.NoticeEvent0\x01\x12\x42\n\x05\x46lush\x12\x1a.spotinfer.v1.FlushRequest\x1a\x1b.spotinfer.v1.FlushProgress0\x01\x12G\n\x06Status\x12!.spotinfer.v1.DaemonStatusRequest\x1a\x1a.spotinfer.v1.DaemonStatus\x12\x43\n\x06Settle\x12\x1b.spotinfer.v1.SettleRequest\x1a\x1c.spotinfer.v1.SettleResponse\x12L\n\nPushBlocks\x12\x1a.spotinfer.v1.KvBlockChunk\x1a .spotinfer.v1.PushBlocksResponse(\x01\x12M\n\x0b\x46\x65tchStaged\x12 .spotinfer.v1.FetchStagedRequest\x1a\x1a.spotinfer.v1.KvBlockChunk0\x01\x12O\n\nDropStaged\x12\x1f.spotinfer.v1.DropStagedRequest\x1a .spotinfer.v1.DropStagedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.spotinfer.v1.daemon_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_FLUSHREQUEST_PEERTARGETSENTRY']._loaded_options = None
+  _globals['_FLUSHREQUEST_PEERTARGETSENTRY']._serialized_options = b'8\001'
   _globals['_TOKENCOMMIT']._serialized_start=50
   _globals['_TOKENCOMMIT']._serialized_end=135
   _globals['_COMMITTOKENSREQUEST']._serialized_start=137
@@ -41,24 +43,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHNOTICESREQUEST']._serialized_end=300
   _globals['_NOTICEEVENT']._serialized_start=303
   _globals['_NOTICEEVENT']._serialized_end=457
-  _globals['_FLUSHREQUEST']._serialized_start=459
-  _globals['_FLUSHREQUEST']._serialized_end=496
-  _globals['_FLUSHPROGRESS']._serialized_start=499
-  _globals['_FLUSHPROGRESS']._serialized_end=671
-  _globals['_DAEMONSTATUSREQUEST']._serialized_start=673
-  _globals['_DAEMONSTATUSREQUEST']._serialized_end=694
-  _globals['_DAEMONSTATUS']._serialized_start=697
-  _globals['_DAEMONSTATUS']._serialized_end=1062
-  _globals['_KVBLOCKCHUNK']._serialized_start=1064
-  _globals['_KVBLOCKCHUNK']._serialized_end=1182
-  _globals['_PUSHBLOCKSRESPONSE']._serialized_start=1184
-  _globals['_PUSHBLOCKSRESPONSE']._serialized_end=1235
-  _globals['_FETCHSTAGEDREQUEST']._serialized_start=1237
-  _globals['_FETCHSTAGEDREQUEST']._serialized_end=1297
-  _globals['_DROPSTAGEDREQUEST']._serialized_start=1299
-  _globals['_DROPSTAGEDREQUEST']._serialized_end=1338
-  _globals['_DROPSTAGEDRESPONSE']._serialized_start=1340
-  _globals['_DROPSTAGEDRESPONSE']._serialized_end=1391
-  _globals['_CONTEXTDAEMON']._serialized_start=1394
-  _globals['_CONTEXTDAEMON']._serialized_end=1955
+  _globals['_FLUSHREQUEST']._serialized_start=460
+  _globals['_FLUSHREQUEST']._serialized_end=616
+  _globals['_FLUSHREQUEST_PEERTARGETSENTRY']._serialized_start=566
+  _globals['_FLUSHREQUEST_PEERTARGETSENTRY']._serialized_end=616
+  _globals['_FLUSHPROGRESS']._serialized_start=619
+  _globals['_FLUSHPROGRESS']._serialized_end=791
+  _globals['_DAEMONSTATUSREQUEST']._serialized_start=793
+  _globals['_DAEMONSTATUSREQUEST']._serialized_end=814
+  _globals['_DAEMONSTATUS']._serialized_start=817
+  _globals['_DAEMONSTATUS']._serialized_end=1182
+  _globals['_KVBLOCKCHUNK']._serialized_start=1184
+  _globals['_KVBLOCKCHUNK']._serialized_end=1302
+  _globals['_PUSHBLOCKSRESPONSE']._serialized_start=1304
+  _globals['_PUSHBLOCKSRESPONSE']._serialized_end=1355
+  _globals['_FETCHSTAGEDREQUEST']._serialized_start=1357
+  _globals['_FETCHSTAGEDREQUEST']._serialized_end=1417
+  _globals['_DROPSTAGEDREQUEST']._serialized_start=1419
+  _globals['_DROPSTAGEDREQUEST']._serialized_end=1458
+  _globals['_DROPSTAGEDRESPONSE']._serialized_start=1460
+  _globals['_DROPSTAGEDRESPONSE']._serialized_end=1511
+  _globals['_SETTLEREQUEST']._serialized_start=1513
+  _globals['_SETTLEREQUEST']._serialized_end=1553
+  _globals['_SETTLERESPONSE']._serialized_start=1555
+  _globals['_SETTLERESPONSE']._serialized_end=1653
+  _globals['_CONTEXTDAEMON']._serialized_start=1656
+  _globals['_CONTEXTDAEMON']._serialized_end=2286
 # @@protoc_insertion_point(module_scope)

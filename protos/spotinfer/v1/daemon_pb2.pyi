@@ -157,16 +157,45 @@ Global___NoticeEvent: _TypeAlias = NoticeEvent  # noqa: Y015
 class FlushRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class PeerTargetsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     DEADLINE_UNIX_FIELD_NUMBER: _builtins.int
+    PEER_TARGETS_FIELD_NUMBER: _builtins.int
     deadline_unix: _builtins.float
+    @_builtins.property
+    def peer_targets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Request id -> the daemon address of its target: this daemon pushes each such request's
+        KV there (PushBlocks) once the worker has paused it, and reports it complete when the
+        target staged all of it; Redis stays the durable copy. Empty: through the store only.
+        """
+
     def __init__(
         self,
         *,
         deadline_unix: _builtins.float = ...,
+        peer_targets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_unix", b"deadline_unix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_unix", b"deadline_unix", "peer_targets", b"peer_targets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -421,3 +450,52 @@ class DropStagedResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DropStagedResponse: _TypeAlias = DropStagedResponse  # noqa: Y015
+
+@_typing.final
+class SettleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    timeout_seconds: _builtins.float
+    def __init__(
+        self,
+        *,
+        timeout_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleRequest: _TypeAlias = SettleRequest  # noqa: Y015
+
+@_typing.final
+class SettleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HANDOFF_FIELD_NUMBER: _builtins.int
+    SETTLED_FIELD_NUMBER: _builtins.int
+    PENDING_BLOCKS_FIELD_NUMBER: _builtins.int
+    WRITTEN_BLOCKS_FIELD_NUMBER: _builtins.int
+    handoff: _builtins.bool
+    """the worker hands its writes to this daemon"""
+    settled: _builtins.bool
+    """everything handed over is written (false: the timeout passed)"""
+    pending_blocks: _builtins.int
+    written_blocks: _builtins.int
+    def __init__(
+        self,
+        *,
+        handoff: _builtins.bool = ...,
+        settled: _builtins.bool = ...,
+        pending_blocks: _builtins.int = ...,
+        written_blocks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handoff", b"handoff", "pending_blocks", b"pending_blocks", "settled", b"settled", "written_blocks", b"written_blocks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleResponse: _TypeAlias = SettleResponse  # noqa: Y015

@@ -54,6 +54,11 @@ class ContextDaemonStub:
                 request_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DaemonStatusRequest.SerializeToString,
                 response_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DaemonStatus.FromString,
                 _registered_method=True)
+        self.Settle = channel.unary_unary(
+                '/spotinfer.v1.ContextDaemon/Settle',
+                request_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.SettleRequest.SerializeToString,
+                response_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.SettleResponse.FromString,
+                _registered_method=True)
         self.PushBlocks = channel.stream_unary(
                 '/spotinfer.v1.ContextDaemon/PushBlocks',
                 request_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.KvBlockChunk.SerializeToString,
@@ -97,6 +102,15 @@ class ContextDaemonServicer:
 
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Settle(self, request, context):
+        """Waits until every KV block and token the worker handed over (its --kv-handoff-socket) is
+        written, or the timeout passes: the coordinator calls it before a lost worker's requests
+        resume elsewhere, so the daemon's last writes land first.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -151,6 +165,11 @@ def add_ContextDaemonServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DaemonStatusRequest.FromString,
                     response_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DaemonStatus.SerializeToString,
+            ),
+            'Settle': grpc.unary_unary_rpc_method_handler(
+                    servicer.Settle,
+                    request_deserializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.SettleRequest.FromString,
+                    response_serializer=protos_dot_spotinfer_dot_v1_dot_daemon__pb2.SettleResponse.SerializeToString,
             ),
             'PushBlocks': grpc.stream_unary_rpc_method_handler(
                     servicer.PushBlocks,
@@ -276,6 +295,33 @@ class ContextDaemon:
             '/spotinfer.v1.ContextDaemon/Status',
             protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DaemonStatusRequest.SerializeToString,
             protos_dot_spotinfer_dot_v1_dot_daemon__pb2.DaemonStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Settle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spotinfer.v1.ContextDaemon/Settle',
+            protos_dot_spotinfer_dot_v1_dot_daemon__pb2.SettleRequest.SerializeToString,
+            protos_dot_spotinfer_dot_v1_dot_daemon__pb2.SettleResponse.FromString,
             options,
             channel_credentials,
             insecure,

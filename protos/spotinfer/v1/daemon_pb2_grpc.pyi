@@ -40,6 +40,11 @@ class ContextDaemonStub:
     Flush: _grpc.UnaryStreamMultiCallable[_daemon_pb2.FlushRequest, _daemon_pb2.FlushProgress]
     """Persists partial blocks and uncommitted tokens now, most-savable requests first."""
     Status: _grpc.UnaryUnaryMultiCallable[_daemon_pb2.DaemonStatusRequest, _daemon_pb2.DaemonStatus]
+    Settle: _grpc.UnaryUnaryMultiCallable[_daemon_pb2.SettleRequest, _daemon_pb2.SettleResponse]
+    """Waits until every KV block and token the worker handed over (its --kv-handoff-socket) is
+    written, or the timeout passes: the coordinator calls it before a lost worker's requests
+    resume elsewhere, so the daemon's last writes land first.
+    """
     PushBlocks: _grpc.StreamUnaryMultiCallable[_daemon_pb2.KvBlockChunk, _daemon_pb2.PushBlocksResponse]
     """Peer migration: a source daemon streams KV blocks to the target's daemon, which checks
     each one (CRC and MAC) and stages it in memory for its worker, as its last chunk arrives.
@@ -66,6 +71,11 @@ class ContextDaemonAsyncStub(ContextDaemonStub):
     Flush: _aio.UnaryStreamMultiCallable[_daemon_pb2.FlushRequest, _daemon_pb2.FlushProgress]  # type: ignore[assignment]
     """Persists partial blocks and uncommitted tokens now, most-savable requests first."""
     Status: _aio.UnaryUnaryMultiCallable[_daemon_pb2.DaemonStatusRequest, _daemon_pb2.DaemonStatus]  # type: ignore[assignment]
+    Settle: _aio.UnaryUnaryMultiCallable[_daemon_pb2.SettleRequest, _daemon_pb2.SettleResponse]  # type: ignore[assignment]
+    """Waits until every KV block and token the worker handed over (its --kv-handoff-socket) is
+    written, or the timeout passes: the coordinator calls it before a lost worker's requests
+    resume elsewhere, so the daemon's last writes land first.
+    """
     PushBlocks: _aio.StreamUnaryMultiCallable[_daemon_pb2.KvBlockChunk, _daemon_pb2.PushBlocksResponse]  # type: ignore[assignment]
     """Peer migration: a source daemon streams KV blocks to the target's daemon, which checks
     each one (CRC and MAC) and stages it in memory for its worker, as its last chunk arrives.
@@ -113,6 +123,17 @@ class ContextDaemonServicer(metaclass=_abc_1.ABCMeta):
         request: _daemon_pb2.DaemonStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_daemon_pb2.DaemonStatus, _abc.Awaitable[_daemon_pb2.DaemonStatus]]: ...
+
+    @_abc_1.abstractmethod
+    def Settle(
+        self,
+        request: _daemon_pb2.SettleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_daemon_pb2.SettleResponse, _abc.Awaitable[_daemon_pb2.SettleResponse]]:
+        """Waits until every KV block and token the worker handed over (its --kv-handoff-socket) is
+        written, or the timeout passes: the coordinator calls it before a lost worker's requests
+        resume elsewhere, so the daemon's last writes land first.
+        """
 
     @_abc_1.abstractmethod
     def PushBlocks(

@@ -26,7 +26,7 @@ from protos.spotinfer.v1 import common_pb2 as protos_dot_spotinfer_dot_v1_dot_co
 from protos.spotinfer.v1 import daemon_pb2 as protos_dot_spotinfer_dot_v1_dot_daemon__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/spotinfer/v1/worker.proto\x12\x0cspotinfer.v1\x1a protos/spotinfer/v1/common.proto\x1a protos/spotinfer/v1/daemon.proto\"%\n\x0fPrefetchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"}\n\x10PrefetchResponse\x12\x15\n\rstaged_blocks\x18\x01 \x01(\r\x12\x12\n\nnew_blocks\x18\x02 \x01(\r\x12\x14\n\x0cstaged_bytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63ontext_tokens\x18\x04 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\")\n\x13\x44ropPrefetchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\".\n\x14\x44ropPrefetchResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\r\"\'\n\x0ePreemptRequest\x12\x15\n\rdeadline_unix\x18\x01 \x01(\x01\"T\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\r\x12\x1b\n\x13\x64\x65livered_token_ids\x18\x03 \x03(\r\"1\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05pause\x18\x02 \x01(\x08\":\n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\"%\n\x0c\x44rainRequest\x12\x15\n\rgrace_seconds\x18\x01 \x01(\x01\"\"\n\rDrainResponse\x12\x11\n\tin_flight\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xc5\x03\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\x04 \x01(\x08\x12\x14\n\x0crunning_seqs\x18\x05 \x01(\r\x12\x14\n\x0cwaiting_seqs\x18\x06 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x07 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x08 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\t \x01(\r\x12\x17\n\x0fkv_block_tokens\x18\n \x01(\r\x12\x19\n\x11tokens_per_second\x18\x0b \x01(\x01\x12\x14\n\x0cmax_num_seqs\x18\x0c \x01(\r\x12\x15\n\rmax_model_len\x18\r \x01(\r\x12\r\n\x05model\x18\x0e \x01(\t\x12\x1e\n\x16generated_tokens_total\x18\x0f \x01(\x04\x12\x16\n\x0erequests_total\x18\x10 \x01(\x04\x12\x1e\n\x16stopping_deadline_unix\x18\x11 \x01(\x01\x12\x33\n\x0ekv_persistence\x18\x12 \x01(\x0b\x32\x1b.spotinfer.v1.KvPersistence\"B\n\rKvPersistence\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12!\n\x19rate_cap_bytes_per_second\x18\x02 \x01(\x01\x32\xcc\x04\n\x06Worker\x12K\n\x08Generate\x12\x1d.spotinfer.v1.GenerateRequest\x1a\x1e.spotinfer.v1.GenerateResponse0\x01\x12G\n\x06Resume\x12\x1b.spotinfer.v1.ResumeRequest\x1a\x1e.spotinfer.v1.GenerateResponse0\x01\x12@\n\x05\x41\x62ort\x12\x1a.spotinfer.v1.AbortRequest\x1a\x1b.spotinfer.v1.AbortResponse\x12@\n\x05\x44rain\x12\x1a.spotinfer.v1.DrainRequest\x1a\x1b.spotinfer.v1.DrainResponse\x12>\n\x05Stats\x12\x1a.spotinfer.v1.StatsRequest\x1a\x19.spotinfer.v1.WorkerStats\x12\x46\n\x07Preempt\x12\x1c.spotinfer.v1.PreemptRequest\x1a\x1b.spotinfer.v1.FlushProgress0\x01\x12I\n\x08Prefetch\x12\x1d.spotinfer.v1.PrefetchRequest\x1a\x1e.spotinfer.v1.PrefetchResponse\x12U\n\x0c\x44ropPrefetch\x12!.spotinfer.v1.DropPrefetchRequest\x1a\".spotinfer.v1.DropPrefetchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/spotinfer/v1/worker.proto\x12\x0cspotinfer.v1\x1a protos/spotinfer/v1/common.proto\x1a protos/spotinfer/v1/daemon.proto\"%\n\x0fPrefetchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"}\n\x10PrefetchResponse\x12\x15\n\rstaged_blocks\x18\x01 \x01(\r\x12\x12\n\nnew_blocks\x18\x02 \x01(\r\x12\x14\n\x0cstaged_bytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63ontext_tokens\x18\x04 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\")\n\x13\x44ropPrefetchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\".\n\x14\x44ropPrefetchResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\r\"\'\n\x0ePreemptRequest\x12\x15\n\rdeadline_unix\x18\x01 \x01(\x01\"\x84\x01\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\r\x12\x1b\n\x13\x64\x65livered_token_ids\x18\x03 \x03(\r\x12.\n\x07request\x18\x04 \x01(\x0b\x32\x1d.spotinfer.v1.GenerateRequest\"1\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05pause\x18\x02 \x01(\x08\":\n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\"%\n\x0c\x44rainRequest\x12\x15\n\rgrace_seconds\x18\x01 \x01(\x01\"\"\n\rDrainResponse\x12\x11\n\tin_flight\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xc5\x03\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\x04 \x01(\x08\x12\x14\n\x0crunning_seqs\x18\x05 \x01(\r\x12\x14\n\x0cwaiting_seqs\x18\x06 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x07 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x08 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\t \x01(\r\x12\x17\n\x0fkv_block_tokens\x18\n \x01(\r\x12\x19\n\x11tokens_per_second\x18\x0b \x01(\x01\x12\x14\n\x0cmax_num_seqs\x18\x0c \x01(\r\x12\x15\n\rmax_model_len\x18\r \x01(\r\x12\r\n\x05model\x18\x0e \x01(\t\x12\x1e\n\x16generated_tokens_total\x18\x0f \x01(\x04\x12\x16\n\x0erequests_total\x18\x10 \x01(\x04\x12\x1e\n\x16stopping_deadline_unix\x18\x11 \x01(\x01\x12\x33\n\x0ekv_persistence\x18\x12 \x01(\x0b\x32\x1b.spotinfer.v1.KvPersistence\"B\n\rKvPersistence\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12!\n\x19rate_cap_bytes_per_second\x18\x02 \x01(\x01\x32\xcc\x04\n\x06Worker\x12K\n\x08Generate\x12\x1d.spotinfer.v1.GenerateRequest\x1a\x1e.spotinfer.v1.GenerateResponse0\x01\x12G\n\x06Resume\x12\x1b.spotinfer.v1.ResumeRequest\x1a\x1e.spotinfer.v1.GenerateResponse0\x01\x12@\n\x05\x41\x62ort\x12\x1a.spotinfer.v1.AbortRequest\x1a\x1b.spotinfer.v1.AbortResponse\x12@\n\x05\x44rain\x12\x1a.spotinfer.v1.DrainRequest\x1a\x1b.spotinfer.v1.DrainResponse\x12>\n\x05Stats\x12\x1a.spotinfer.v1.StatsRequest\x1a\x19.spotinfer.v1.WorkerStats\x12\x46\n\x07Preempt\x12\x1c.spotinfer.v1.PreemptRequest\x1a\x1b.spotinfer.v1.FlushProgress0\x01\x12I\n\x08Prefetch\x12\x1d.spotinfer.v1.PrefetchRequest\x1a\x1e.spotinfer.v1.PrefetchResponse\x12U\n\x0c\x44ropPrefetch\x12!.spotinfer.v1.DropPrefetchRequest\x1a\".spotinfer.v1.DropPrefetchResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,22 +43,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DROPPREFETCHRESPONSE']._serialized_end=373
   _globals['_PREEMPTREQUEST']._serialized_start=375
   _globals['_PREEMPTREQUEST']._serialized_end=414
-  _globals['_RESUMEREQUEST']._serialized_start=416
-  _globals['_RESUMEREQUEST']._serialized_end=500
-  _globals['_ABORTREQUEST']._serialized_start=502
-  _globals['_ABORTREQUEST']._serialized_end=551
-  _globals['_ABORTRESPONSE']._serialized_start=553
-  _globals['_ABORTRESPONSE']._serialized_end=611
-  _globals['_DRAINREQUEST']._serialized_start=613
-  _globals['_DRAINREQUEST']._serialized_end=650
-  _globals['_DRAINRESPONSE']._serialized_start=652
-  _globals['_DRAINRESPONSE']._serialized_end=686
-  _globals['_STATSREQUEST']._serialized_start=688
-  _globals['_STATSREQUEST']._serialized_end=702
-  _globals['_WORKERSTATS']._serialized_start=705
-  _globals['_WORKERSTATS']._serialized_end=1158
-  _globals['_KVPERSISTENCE']._serialized_start=1160
-  _globals['_KVPERSISTENCE']._serialized_end=1226
-  _globals['_WORKER']._serialized_start=1229
-  _globals['_WORKER']._serialized_end=1817
+  _globals['_RESUMEREQUEST']._serialized_start=417
+  _globals['_RESUMEREQUEST']._serialized_end=549
+  _globals['_ABORTREQUEST']._serialized_start=551
+  _globals['_ABORTREQUEST']._serialized_end=600
+  _globals['_ABORTRESPONSE']._serialized_start=602
+  _globals['_ABORTRESPONSE']._serialized_end=660
+  _globals['_DRAINREQUEST']._serialized_start=662
+  _globals['_DRAINREQUEST']._serialized_end=699
+  _globals['_DRAINRESPONSE']._serialized_start=701
+  _globals['_DRAINRESPONSE']._serialized_end=735
+  _globals['_STATSREQUEST']._serialized_start=737
+  _globals['_STATSREQUEST']._serialized_end=751
+  _globals['_WORKERSTATS']._serialized_start=754
+  _globals['_WORKERSTATS']._serialized_end=1207
+  _globals['_KVPERSISTENCE']._serialized_start=1209
+  _globals['_KVPERSISTENCE']._serialized_end=1275
+  _globals['_WORKER']._serialized_start=1278
+  _globals['_WORKER']._serialized_end=1866
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from protos.spotinfer.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -138,6 +139,7 @@ class ResumeRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     FROM_INDEX_FIELD_NUMBER: _builtins.int
     DELIVERED_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     from_index: _builtins.int
     """first index to stream; tokens before it are already delivered"""
@@ -150,16 +152,24 @@ class ResumeRequest(_message.Message):
         store holds past them (committed, never delivered) are replayed as they are.
         """
 
+    @_builtins.property
+    def request(self) -> _common_pb2.GenerateRequest:
+        """The request as its coordinator holds it (prompt, sampling, class, tenant). When the
+        store cannot be reached (a migration that moved the KV peer to peer) the worker resumes
+        from this and delivered_token_ids instead of the stored record.
+        """
+
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         from_index: _builtins.int = ...,
         delivered_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        request: _common_pb2.GenerateRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivered_token_ids", b"delivered_token_ids", "from_index", b"from_index", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivered_token_ids", b"delivered_token_ids", "from_index", b"from_index", "request", b"request", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
