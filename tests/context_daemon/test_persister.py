@@ -266,3 +266,27 @@ def test_a_malformed_hand_off_is_refused_and_nothing_is_written(
         assert other.handed_over
     finally:
         other.close(5.0)
+
+
+def test_settle_over_grpc_answers_and_refuses_a_bad_timeout(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    import grpc
+
+    from protos.spotinfer.v1 import daemon_pb2
+    from spotinfer.local.daemon_process import DaemonProcess
+
+    socket_path = str(tmp_path / "d.sock")
+    flags = ("--notice-source", "file", "--notice-file", str(tmp_path / "notice"))
+    with DaemonProcess(
+        *flags, "--redis-url", redis.url, "--kv-handoff-socket", socket_path, log_dir=tmp_path
+    ) as daemon:
+        reply = daemon.stub.Settle(daemon_pb2.SettleRequest(timeout_seconds=1.0), timeout=10)
+        assert (reply.handoff, reply.settled, reply.pending_blocks) == (True, True, 0)
+        with pytest.raises(grpc.RpcError) as refused:
+            daemon.stub.Settle(daemon_pb2.SettleRequest(timeout_seconds=-1.0), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "timeout_seconds" in (refused.value.details() or "")
+    with DaemonProcess(*flags, log_dir=tmp_path) as plain:
+        reply = plain.stub.Settle(daemon_pb2.SettleRequest(timeout_seconds=1.0), timeout=10)
+        assert (reply.handoff, reply.settled) == (False, True)
