@@ -42,13 +42,16 @@ class Block:
 
 
 def split_block(block: Block, chunk_bytes: int) -> Iterator[BlockChunk]:
-    """The chunks of ``block``, none longer than ``chunk_bytes`` (views, no copy)."""
+    """The chunks of ``block``, none longer than ``chunk_bytes`` (views, never copies)."""
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be positive")
     view = memoryview(block.data).cast("B")
     total = len(view)
     if total == 0:
         raise ValueError(f"block {block.key} is empty")
+    if total <= chunk_bytes:  # one chunk: the block's own bytes (bytes then need no copy)
+        yield BlockChunk(block.request_id, block.key, 0, total, block.data, True)
+        return
     for offset in range(0, total, chunk_bytes):
         end = min(total, offset + chunk_bytes)
         yield BlockChunk(block.request_id, block.key, offset, total, view[offset:end], end == total)

@@ -14,6 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from context_daemon.malloc_tuning import keep_large_buffers
     from context_daemon.server import serve
 
     try:
@@ -23,4 +24,5 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(resolved.render())
         return 0
+    keep_large_buffers()
     return asyncio.run(serve(resolved.config))

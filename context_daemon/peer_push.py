@@ -189,10 +189,13 @@ class PeerPusher:
         status behind INTERNAL (gRPC's asyncio client, grpc/grpc#36066)."""
         call = stub.PushBlocks(timeout=timeout)
         if PUSH_ACCEPTED_METADATA in tuple(await call.initial_metadata()):
-            for message in _messages(blocks, self._chunk_bytes):
-                await call.write(message)
-            await call.done_writing()
-        return await call  # a refused call: raises with the target's status
+            try:
+                for message in _messages(blocks, self._chunk_bytes):
+                    await call.write(message)
+                await call.done_writing()
+            except Exception:  # noqa: BLE001 - the call ended (deadline, network); its status says why
+                pass
+        return await call  # a refused or failed call: raises with its status
 
     async def close(self) -> None:
         for channel in self._channels:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -75,33 +76,57 @@ class PeerReceiver:
 
     async def receive(self, chunks: AsyncIterator[BlockChunk]) -> PushReceipt:
         """Stages every block of one call. Raises a PeerError (its ``staged_blocks``: the
-        blocks staged before it) at the first block that may not be staged."""
+        blocks staged before it) at the first block that may not be staged.
+
+        A block's checks run on a thread while the next block arrives; blocks are staged in
+        the order they came, each once its checks passed."""
         staging = self._staging
-        reserved = 0
+        reserved = 0  # the bytes reserved for the block being received
+        checking: deque[tuple[Block, int, asyncio.Future[None]]] = deque()
+        blocks = staged_bytes = 0
+        check_failed = False
 
         def admit(chunk: BlockChunk) -> None:
             nonlocal reserved
             staging.reserve(chunk.block_bytes, f"block {chunk.key} of {chunk.request_id}")
             reserved = chunk.block_bytes
 
+        async def stage_oldest() -> None:
+            nonlocal blocks, staged_bytes, check_failed
+            block, block_reserved, checked = checking[0]
+            try:
+                await checked
+            except PeerError:
+                staging.count_refused()
+                check_failed = True
+                raise
+            checking.popleft()
+            staging.stage(block.request_id, block.key, block.data, block_reserved)
+            blocks += 1
+            staged_bytes += len(block.data)
+
         assembler = ChunkAssembler(staging.config.max_bytes, admit)
-        blocks = staged_bytes = 0
         try:
             async for chunk in chunks:
                 block = assembler.add(chunk)
                 if block is None:
                     continue
-                try:
-                    await asyncio.to_thread(verify_pushed, block, self._keyring)
-                except PeerError:
-                    staging.count_refused()
-                    raise
-                staging.stage(block.request_id, block.key, block.data, reserved)
+                check = asyncio.to_thread(verify_pushed, block, self._keyring)
+                checking.append((block, reserved, asyncio.ensure_future(check)))
                 reserved = 0
-                blocks += 1
-                staged_bytes += len(block.data)
+                if len(checking) > 1:
+                    await stage_oldest()
             assembler.finish()
-        except PeerError as error:
+            while checking:
+                await stage_oldest()
+        except PeerError as refusal:
+            error = refusal
+            if not check_failed:  # the blocks before the refused one still count
+                try:
+                    while checking:
+                        await stage_oldest()
+                except PeerError as earlier:
+                    error = earlier
             error.staged_blocks = blocks
             log.warning("a push ended after %d staged blocks: %s", blocks, error)
             # The status goes out once the source has sent everything: a client of gRPC's
@@ -109,8 +134,12 @@ class PeerReceiver:
             # status (grpc/grpc#36066). The source keeps its calls short for this.
             async for _ in chunks:
                 pass
-            raise
+            raise error from None
         finally:
-            if reserved:  # a block refused, cut off, or whose call was cancelled
+            # A block refused, cut off, or whose call was cancelled gives its room back.
+            for _, block_reserved, checked in checking:
+                checked.cancel()
+                staging.release(block_reserved)
+            if reserved:
                 staging.release(reserved)
         return PushReceipt(blocks, staged_bytes)
