@@ -29,6 +29,7 @@ from context_daemon.block_mirror import BlockMirror, MirroredBlock
 from store import KVFormat, RedisStore, handoff
 from store.block_writer import KVBlockWriter, PendingBlock
 from store.handoff import BlockNote, Done, Hello, NoKVNote, PausedNote, TokensNote
+from store.handoff_calls import CALLS_HELLO, serve_call
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +122,13 @@ class Connection:
             self._on_end(self)
 
     def _serve(self) -> None:
-        first = handoff.receive(self._sock)
-        if first is None:
+        raw = handoff.receive_raw(self._sock)
+        if raw is None:
             return
-        hello, fd = first
+        if raw[0] == CALLS_HELLO:
+            self._serve_calls()
+            return
+        hello, fd = handoff.parse(*raw)
         if not isinstance(hello, Hello) or fd is None:
             raise handoff.HandoffError("the hand-off must start with HELLO and the ring")
         try:
@@ -165,6 +169,17 @@ class Connection:
                 self._mirror.paused(
                     note.request_id, hello.kv_format.shard, note.full_blocks, note.tail_tokens
                 )
+
+    def _serve_calls(self) -> None:
+        """The worker's token committer: its store calls, carried out one by one in order."""
+        log.info("the worker's token commits come through this daemon")
+        while raw := handoff.receive_raw(self._sock):
+            data, fds = raw
+            for fd in fds:
+                os.close(fd)
+            reply = serve_call(data, self._store)
+            with contextlib.suppress(OSError):  # a dead worker's last call is done all the same
+                self._sock.sendall(reply)
 
     def _block(self, note: BlockNote, fd: int | None) -> None:
         assert self._writer is not None and self._ring is not None

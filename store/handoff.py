@@ -136,6 +136,12 @@ def send(sock: socket.socket, note: Note, fd: int | None = None) -> None:
 
 def receive(sock: socket.socket) -> tuple[Note, int | None] | None:
     """The next note and the fd that came with it; None once the other end closed."""
+    raw = receive_raw(sock)
+    return None if raw is None else parse(*raw)
+
+
+def receive_raw(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """The next message as it came, and its fds; None once the other end closed."""
     try:
         data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE_BYTES, MAX_FDS)
     except (ConnectionResetError, BrokenPipeError):
@@ -144,6 +150,11 @@ def receive(sock: socket.socket) -> tuple[Note, int | None] | None:
         for fd in fds:
             _close(fd)
         return None
+    return data, fds
+
+
+def parse(data: bytes, fds: list[int]) -> tuple[Note, int | None]:
+    """A message as a note (raises HandoffError, closing its fds, when it is none)."""
     try:
         note = _decode(Kind(data[0]), json.loads(data[1:]))
     except (ValueError, KeyError, TypeError) as exc:

@@ -38,12 +38,13 @@ from common.requests import (
     TokenChunk,
 )
 from common.validation import Limits
-from store import RedisStore
+from store import RedisStore, RequestStore
 from worker.config import WorkerConfig
 from worker.constants import (
     PERSIST_RETRY_SECONDS,
     STAGING_STALE_SECONDS,
 )
+from worker.daemon_store import DaemonCommitStore
 from worker.engine_builder import EngineBuilder, EngineShape
 from worker.engine_context import EngineContext
 from worker.engine_stats import EngineSnapshot, EngineStats
@@ -133,8 +134,11 @@ class Engine:
             shape.max_num_seqs,
         )
         if ctx.store is not None:
+            commit_store: RequestStore = ctx.store
+            if self.config.kv_handoff_socket:
+                commit_store = DaemonCommitStore(self.config.kv_handoff_socket, ctx.store)
             ctx.committer = TokenCommitter(
-                ctx.store,
+                commit_store,
                 self.config.worker_id,
                 PERSIST_RETRY_SECONDS,
                 on_commit=self._metrics.observe_commit if self._metrics is not None else None,

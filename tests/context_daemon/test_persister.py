@@ -290,3 +290,78 @@ def test_settle_over_grpc_answers_and_refuses_a_bad_timeout(
     with DaemonProcess(*flags, log_dir=tmp_path) as plain:
         reply = plain.stub.Settle(daemon_pb2.SettleRequest(timeout_seconds=1.0), timeout=10)
         assert (reply.handoff, reply.settled) == (False, True)
+
+
+def test_token_commits_go_through_the_daemon_and_its_errors_come_back(
+    store: RedisStore, persister: Persister, tmp_path: Path
+) -> None:
+    from store import RequestExists, RequestNotFound
+    from worker.daemon_store import DaemonCommitStore
+
+    request_id = "handoff-tokens"
+    through = DaemonCommitStore(persister.socket_path, store)
+    try:
+        assert through.through_daemon
+        through.ping()
+        through.create_request(_record(request_id))
+        with pytest.raises(RequestExists):
+            through.create_request(_record(request_id))
+        outcomes = through.commit_step([TokenCommit(request_id, 0, OUTPUTS)])
+        assert [(o.committed_length, o.conflict) for o in outcomes] == [(3, None)]
+        gap = through.commit_step([TokenCommit(request_id, 9, (1,))])
+        assert gap[0].conflict is not None and gap[0].committed_length == 3
+        assert through.update_status(request_id, RequestStatus.PAUSED) is RequestStatus.RUNNING
+        assert through.finish_request(request_id, RequestStatus.CANCELLED)
+        with pytest.raises(RequestNotFound):  # a cancelled request's keys are gone
+            through.update_status(request_id, RequestStatus.RUNNING)
+    finally:
+        through.close()
+    # No daemon at that path: the same calls go to the store directly.
+    direct = DaemonCommitStore(str(tmp_path / "none.sock"), store)
+    assert not direct.through_daemon
+    direct.create_request(_record("handoff-tokens-direct"))
+    assert (
+        direct.commit_step([TokenCommit("handoff-tokens-direct", 0, OUTPUTS)])[0].conflict is None
+    )
+    assert store.committed_tokens("handoff-tokens-direct") == list(OUTPUTS)
+
+
+CALLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from store import handoff
+    from store.handoff_calls import CALLS_HELLO, commits_args
+    from store.redis_store import TokenCommit
+    import json
+
+    sock = handoff.connect(sys.argv[1], 5.0)
+    sock.sendall(CALLS_HELLO)
+    commit = TokenCommit(sys.argv[2], 0, (7, 8, 9))
+    sock.sendall(json.dumps({"op": "commit_step", "args": commits_args([commit])}).encode())
+    os.kill(os.getpid(), signal.SIGKILL)  # before any answer
+    """
+)
+
+
+def test_a_commit_the_worker_sent_is_written_though_it_died_at_once(
+    redis: RedisServer, store: RedisStore, persister: Persister
+) -> None:
+    request_id = "handoff-commit-killed"
+    store.create_request(_record(request_id))
+    assert redis.pid is not None
+    os.kill(redis.pid, signal.SIGSTOP)  # nothing can be written before the caller dies
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", CALLER, persister.socket_path, request_id],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert child.returncode == -signal.SIGKILL, child.stderr
+    finally:
+        os.kill(redis.pid, signal.SIGCONT)
+    wait_until(
+        lambda: store.committed_tokens(request_id) == list(OUTPUTS), "the commit written", 30
+    )
