@@ -4,9 +4,10 @@ A KV block crosses the daemon in buffers of megabytes: a gRPC message, its bytes
 staged copy. glibc serves an allocation above its mmap threshold (128 KiB at first, adapting)
 with a fresh mmap and unmaps it at free, so every such buffer is faulted in page by page
 anew; with the threshold at glibc's most (32 MiB) and freed heap kept, blocks reuse memory
-instead. On the 2-core test machine that took a peer push from ~210 to ~360 MB/s on one
-stream (benchmarks/peer_migration.py, docs/benchmarks.md). The price: up to
-MALLOC_TRIM_THRESHOLD_BYTES of freed memory stays with the process.
+instead. On the 2-core test machine a peer push over loopback went from ~210 to ~360 MB/s
+on one stream with it (source and target both tuned), in a side measurement with the same
+blocks as benchmarks/peer_migration.py. The price: up to MALLOC_TRIM_THRESHOLD_BYTES of freed
+memory stays with the process.
 """
 
 from __future__ import annotations
