@@ -186,6 +186,16 @@ async def test_a_block_that_fails_its_checks_is_refused_and_not_staged(
     assert status(target).refused_blocks == refused_before + 1
 
 
+async def test_a_refused_block_fails_only_its_own_streams_rest(target: DaemonProcess) -> None:
+    blocks = [full_block("lanes", 70 + seed, 2 * MIB) for seed in range(8)]
+    blocks[5] = flipped(blocks[5], 500)  # equal sizes go round robin: stream 1 has 1 and 5
+    outcome = await push(target.address, blocks, 4)
+    assert outcome.failed == {"lanes": [blocks[5].key]}
+    assert sorted(outcome.staged["lanes"]) == sorted(b.key for b in blocks if b is not blocks[5])
+    assert len(outcome.errors) == 1 and outcome.errors[0].startswith("DATA_LOSS")
+    assert len(await fetch(target.address, "lanes")) == 7
+
+
 async def test_over_the_cap_is_refused_whole_and_frees_its_reservation(
     keyring_file: Path,
 ) -> None:
