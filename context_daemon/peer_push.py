@@ -118,7 +118,8 @@ def _staged_before(error: grpc.aio.AioRpcError) -> int:
 class PeerPusher:
     """Pushes blocks to the daemon at ``address`` over ``streams`` channels (opened once,
     reused by every push; `close` them). ``transport``: the daemon's mutual TLS (a daemon
-    certificate: the target takes pushes from daemons only)."""
+    certificate: the target takes pushes from daemons only). Make it on the event loop that
+    pushes: gRPC's asyncio channels belong to one loop."""
 
     def __init__(
         self,

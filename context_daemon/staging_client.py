@@ -26,7 +26,8 @@ _MAX_BLOCK_BYTES = 1 << 40
 
 
 class StagingClient:
-    """``address``: the node's daemon (``host:port`` on loopback, or ``unix:/path``)."""
+    """``address``: the node's daemon (``host:port`` on loopback, or ``unix:/path``). Make it
+    on the event loop that calls it (gRPC's asyncio channels belong to one loop)."""
 
     def __init__(self, address: str, transport: TransportConfig = PLAINTEXT) -> None:
         self.address = address
