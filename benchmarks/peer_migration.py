@@ -85,6 +85,7 @@ MB = 1_000_000
 READY_TIMEOUT_SECONDS = 120.0
 REDIS_READY_LINE = "Ready to accept connections"
 REDIS_PORT = 6379
+NETNS_PREFIX = "sppm"
 
 
 # --- the orchestrating process ----------------------------------------------------------------
@@ -195,13 +196,14 @@ class Testbed:
         from store.mac_keyring import new_keyring_text
 
         if not self.loopback:
-            from spotinfer.rehearsal.netns import Network, unavailable_reason
+            from spotinfer.rehearsal.netns import Network, sweep_leftovers, unavailable_reason
 
             reason = unavailable_reason()
             if reason:
                 console.print(f"[yellow]no network namespaces ({reason}): loopback only")
             else:
-                self.network = Network(prefix="sppm").open()
+                sweep_leftovers(NETNS_PREFIX)  # a killed earlier run's
+                self.network = Network(prefix=NETNS_PREFIX).open()
                 self.link = (
                     "network namespaces on one Linux bridge, a veth pair each "
                     "(10.213.0.0/24, no shaping)"

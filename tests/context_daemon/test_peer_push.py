@@ -31,6 +31,7 @@ MIB = 1024 * 1024
 PUSH_SECONDS = 60.0
 KEYRING_TEXT = f"7:{'ab' * 32}\n"
 OTHER_KEYRING_TEXT = f"7:{'cd' * 32}\n"  # the same key id, another key: a foreign cluster
+NETNS_PREFIX = "sppp"
 
 
 def keyring(text: str = KEYRING_TEXT) -> MacKeyring:
@@ -276,12 +277,13 @@ async def test_a_push_across_a_network_namespace_boundary(
     keyring_file: Path, tmp_path: Path
 ) -> None:
     from spotinfer.rehearsal.forwarder import Forwarder
-    from spotinfer.rehearsal.netns import Network, unavailable_reason
+    from spotinfer.rehearsal.netns import Network, sweep_leftovers, unavailable_reason
 
     reason = unavailable_reason()
     if reason:
         pytest.skip(f"needs network namespaces: {reason}")
-    with Network(prefix="sppp") as net:  # removed with everything in it, also on failure
+    sweep_leftovers(NETNS_PREFIX)  # what a killed earlier run of this test left
+    with Network(prefix=NETNS_PREFIX) as net:  # removed with everything in it, also on failure
         source_vm, target_vm = net.add_host("source"), net.add_host("target")
         with start_daemon(
             keyring_file, host=target_vm.address, wrap=target_vm.command([])
