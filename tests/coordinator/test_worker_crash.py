@@ -15,6 +15,7 @@ queue, and recomputes more than a chunk).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -89,6 +90,11 @@ def node(
         for process in processes:
             if process.process is not None:
                 process.stop()
+        if doomed.process is not None:
+            # Its engine core outlived the killed process (systemd stops the whole unit; here
+            # its process group goes).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(doomed.process.pid, signal.SIGKILL)
 
 
 def _read(coordinator, request_id: str, into: list, lock: threading.Lock) -> None:  # type: ignore[no-untyped-def]
