@@ -311,8 +311,9 @@ class Persister:
             connections = list(self._connections)
         for connection in connections:
             connection.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        if not self.socket_path.startswith("@"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
 
     def _accept(self) -> None:
         while not self._stopped:
@@ -320,6 +321,10 @@ class Persister:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
+            if handoff.peer_uid(sock) != os.getuid():
+                log.warning("refused a hand-off connection from another user's process")
+                sock.close()
+                continue
             with self._lock:
                 self._connections.append(Connection(sock, self._store, self._ended, self.mirror))
 

@@ -25,6 +25,7 @@ import enum
 import json
 import os
 import socket
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,12 +102,19 @@ class Done:
 Note = Hello | BlockNote | TokensNote | NoKVNote | Done | PausedNote
 
 
+def address(path: str) -> str:
+    """Where a socket named ``path`` lives: a file, or with a leading ``@`` a name in the
+    abstract namespace of the network namespace (no file, no length limit of a path: each VM,
+    or each network namespace standing in for one, has its own)."""
+    return "\0" + path[1:] if path.startswith("@") else path
+
+
 def connect(path: str, timeout_seconds: float) -> socket.socket:
     """A connected control channel to the daemon listening at ``path``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(timeout_seconds)
     try:
-        sock.connect(path)
+        sock.connect(address(path))
     except OSError:
         sock.close()
         raise
@@ -115,14 +123,25 @@ def connect(path: str, timeout_seconds: float) -> socket.socket:
 
 
 def listener(path: str) -> socket.socket:
-    """The daemon's listening control socket at ``path`` (a stale one is replaced)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+    """The daemon's listening control socket at ``path`` (a stale one is replaced). A file
+    is for this user alone; either kind, the daemon accepts only its own user's processes
+    (`peer_uid`)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sock.bind(path)
-    os.chmod(path, 0o600)
+    if path.startswith("@"):
+        sock.bind(address(path))
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        sock.bind(path)
+        os.chmod(path, 0o600)
     sock.listen()
     return sock
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
 
 
 def send(sock: socket.socket, note: Note, fd: int | None = None) -> None:

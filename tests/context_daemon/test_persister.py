@@ -365,3 +365,34 @@ def test_a_commit_the_worker_sent_is_written_though_it_died_at_once(
     wait_until(
         lambda: store.committed_tokens(request_id) == list(OUTPUTS), "the commit written", 30
     )
+
+
+def test_an_abstract_socket_takes_its_own_user_and_refuses_another(store: RedisStore) -> None:
+    """``@name``: no file (each network namespace, like each VM, has its own names); the
+    daemon checks who connects (SO_PEERCRED) and takes its own user's processes only."""
+    name = f"@spot-test-{os.getpid()}"
+    persister = Persister(name, store)
+    writer = HandoffWriter(name, store, FORMAT, SLOT_BYTES, 8)
+    try:
+        assert writer.handed_over
+        system_python = "/usr/bin/python3"  # one another user may run (the venv's is root's)
+        if os.getuid() != 0 or not os.access(system_python, os.X_OK):
+            return  # another user's process needs root, and a python it may run
+        stranger = subprocess.run(
+            [
+                system_python,
+                "-c",
+                "import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+                "s.settimeout(10); s.connect('\\0' + sys.argv[1]); print(repr(s.recv(16)))",
+                name[1:],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            preexec_fn=lambda: os.setuid(65534),  # noqa: PLW1509 - a test's own child
+        )
+        assert stranger.stdout.strip() == "b''", stranger.stderr
+        wait_until(lambda: persister.connections == 1, "the stranger not kept", 10)
+    finally:
+        writer.close(5.0)
+        persister.close()
