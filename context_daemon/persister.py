@@ -64,7 +64,6 @@ class Connection:
         self._base = 0
         self.peer_gone = False
         self.ended = False
-        self.received_blocks = 0
         self._thread = threading.Thread(target=self._run, name="spot-persister", daemon=True)
         self._thread.start()
 
@@ -199,7 +198,6 @@ class Connection:
                 data = torch.frombuffer(mmap.mmap(fd, note.nbytes), dtype=torch.uint8)
             finally:
                 os.close(fd)
-        self.received_blocks += 1
         if self._mirror is not None and self.kv_format is not None:
             self._mirror.add(
                 note.request_id,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from store.errors import (
+    CommitConflict,
     ConflictReason,
     InvalidTransition,
     RequestExists,
@@ -85,8 +86,6 @@ def commits_args(commits: Sequence[TokenCommit]) -> dict[str, Any]:
 
 
 def outcomes_value(value: Sequence[Sequence[Any]]) -> list[CommitOutcome]:
-    from store.errors import CommitConflict
-
     outcomes = []
     for request_id, length, reason in value:
         conflict = None
