@@ -16,8 +16,13 @@ chunk) are
 - loaded: `KVCopier.scatter` of those buffers into other slots,
 
 checked byte for byte against the source (partial tails too: the last chunk ends 5 tokens
-into its last block), and timed with CUDA synchronisation around each side. Also the plain
-bus rate: one contiguous ``copy_`` of the same bytes device -> host, pageable and pinned.
+into its last block), and timed with CUDA synchronisation around each side. A third kind,
+``stream``, goes through the connector's own path (worker/kv_transfer.py: a side stream, the
+pinned pool, an event per copy, pageable destinations as the writer's): its ``issue`` time is
+how long the calling thread is held by the 32 saves' calls, beside the time until all are on
+the host. Also the plain bus rate (one contiguous ``copy_`` of the same bytes device -> host,
+pageable and pinned) and the overlap: two steps (trains of bf16 matmuls on the compute
+stream) with the saves (into pinned buffers) issued between them, against each alone.
 MB/s = KV bytes / wall seconds (1 MB = 10^6 bytes), medians over rounds, sides alternating.
 """
 
@@ -38,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout, not installed
 
 from worker.kv_copy import VLLM_LAYOUTS, BlockShape, CacheLayout, KVCopier, layer_views  # noqa: E402
+from worker.kv_transfer import HIGH_PRIORITY, CopyStream, Transfer  # noqa: E402
 
 MB = 1_000_000
 TAIL_TOKENS = 5
@@ -103,8 +109,116 @@ def check_layout(layout: CacheLayout, args: argparse.Namespace) -> dict[str, Any
         key = "pinned" if pinned else "pageable"
         result[f"save_mb_per_second_{key}"] = kv_bytes / statistics.median(saves) / MB
         result[f"load_mb_per_second_{key}"] = kv_bytes / statistics.median(loads) / MB
+    if args.device == "cuda":
+        result |= _stream_side(copier, source, target, target_raw, runs, lasts, args, kv_bytes)
     result["round_trips_bit_exact"] = True
     return result
+
+
+def _stream_side(
+    copier: KVCopier,
+    source: list[torch.Tensor],
+    target: list[torch.Tensor],
+    target_raw: torch.Tensor,
+    runs: list[tuple[list[int], list[int]]],
+    lasts: list[int],
+    args: argparse.Namespace,
+    kv_bytes: int,
+) -> dict[str, float]:
+    """The same saves and loads through CopyStream: MB/s, and the calling thread's share."""
+    copies = CopyStream("cuda", pool_bytes=2 * kv_bytes)
+    outs = [
+        torch.empty(copier.value_bytes(len(src), last), dtype=torch.uint8)
+        for (src, _), last in zip(runs, lasts, strict=True)
+    ]
+    saves, loads, issues = [], [], []
+    for _ in range(args.rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        transfers = [
+            copies.save(copier, source, src, last, out)
+            for (src, _), last, out in zip(runs, lasts, outs, strict=True)
+        ]
+        issues.append(time.perf_counter() - start)
+        for transfer in transfers:
+            transfer.finish()
+        saves.append(time.perf_counter() - start)
+        target_raw.zero_()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        landed: list[Transfer] = [
+            copies.load(copier, target, dst, out, last)
+            for (_, dst), last, out in zip(runs, lasts, outs, strict=True)
+        ]
+        for transfer in landed:
+            transfer.finish()
+        torch.cuda.synchronize()
+        loads.append(time.perf_counter() - start)
+        _check(copier.layout, source, target, runs, lasts, args.block_tokens)
+    return {
+        "save_mb_per_second_stream": kv_bytes / statistics.median(saves) / MB,
+        "load_mb_per_second_stream": kv_bytes / statistics.median(loads) / MB,
+        "save_issue_ms_stream": statistics.median(issues) * 1000,
+        "save_done_ms_stream": statistics.median(saves) * 1000,
+        "pool_pageable_fallbacks": copies.pool.pageable_fallbacks,
+    }
+
+
+def overlap(args: argparse.Namespace, priority: int) -> dict[str, float]:
+    """A worker's two steps with the saves between them, as the connector issues them: step
+    (bf16 matmuls on the compute stream), saves of one layout (side stream, waiting for the
+    step), the next step. Against the two steps alone and the saves alone: the share of the
+    saves' time hidden behind the next step (1.0: all of it). ms, medians over rounds."""
+    layout = VLLM_LAYOUTS[0]
+    shape = BlockShape(args.heads, args.block_tokens, 2 * args.head_dim * 2, 2, args.head_dim)
+    copier = KVCopier(layout, shape, args.layers, "tokens", f"gpu:{layout.name}")
+    raw = torch.randint(
+        0, 256, (args.layers * args.blocks * shape.block_bytes,), dtype=torch.uint8, device="cuda"
+    )
+    views = layer_views(raw, layout, args.layers, args.blocks, shape)
+    runs = [
+        list(range(i * args.chunk_blocks, (i + 1) * args.chunk_blocks)) for i in range(args.values)
+    ]
+    outs = [  # pinned, as the daemon's ring would be once registered: the copies alone
+        torch.empty(copier.value_bytes(len(run)), dtype=torch.uint8, pin_memory=True)
+        for run in runs
+    ]
+    copies = CopyStream("cuda", pool_bytes=0, priority=priority)
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+
+    def step() -> None:
+        for _ in range(40):
+            a @ a  # noqa: B018
+
+    def save() -> list[Transfer]:
+        return [
+            copies.save(copier, views, run, 0, out) for run, out in zip(runs, outs, strict=True)
+        ]
+
+    def finish(transfers: list[Transfer]) -> None:
+        for transfer in transfers:
+            transfer.finish()
+
+    def steps() -> None:
+        step()
+        step()
+
+    def steps_with_saves() -> None:
+        step()
+        transfers = save()
+        step()
+        finish(transfers)
+
+    figures: dict[str, list[float]] = {"two_steps_ms": [], "saves_ms": [], "with_saves_ms": []}
+    finish(save())  # warm the side stream's memory
+    for _ in range(args.rounds):
+        figures["two_steps_ms"].append(_timed(steps) * 1000)
+        figures["saves_ms"].append(_timed(lambda: finish(save())) * 1000)
+        figures["with_saves_ms"].append(_timed(steps_with_saves) * 1000)
+    medians = {key: statistics.median(values) for key, values in figures.items()}
+    added = medians["with_saves_ms"] - medians["two_steps_ms"]
+    medians["hidden_share"] = 1 - added / medians["saves_ms"]
+    return medians
 
 
 def _check(
@@ -162,6 +276,20 @@ def print_report(result: dict[str, Any]) -> None:
             f"{bus['h2d_mb_per_second_pageable']:.0f}, "
             f"pinned {bus['h2d_mb_per_second_pinned']:.0f}"
         )
+    for row in result["layouts"]:
+        if "save_issue_ms_stream" in row:
+            print(
+                f"{row['layout']:8} stream: the saves' calls held the thread "
+                f"{row['save_issue_ms_stream']:.1f} ms of {row['save_done_ms_stream']:.1f} ms "
+                f"(pageable fallbacks {row['pool_pageable_fallbacks']})"
+            )
+    for name, lap in result.get("overlap", {}).items():
+        print(
+            f"overlap, side stream of {name.replace('_', ' ')}: two steps "
+            f"{lap['two_steps_ms']:.1f} ms, saves alone {lap['saves_ms']:.1f} ms, two steps "
+            f"with the saves between them {lap['with_saves_ms']:.1f} ms: "
+            f"{lap['hidden_share']:.0%} of the saves hidden"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if cuda:
         result["bus"] = bus_rate(result["layouts"][0]["kv_bytes"], args.rounds)
+        result["overlap"] = {
+            "high_priority": overlap(args, HIGH_PRIORITY),
+            "normal_priority": overlap(args, 0),
+        }
     print_report(result)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

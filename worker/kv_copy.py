@@ -199,11 +199,14 @@ class KVCopier:
         header_bytes: int = 0,
         pin_memory: bool = False,
         out: torch.Tensor | None = None,
+        sync: bool = True,
     ) -> torch.Tensor:
         """A private host copy of blocks ``block_ids`` (in order), all layers, as one flat
         uint8 buffer after ``header_bytes`` free bytes; the last block holds ``last_tokens``
         tokens (0: full). ``out``: the buffer to fill (a slot of the daemon's ring), exactly
-        ``header_bytes + value_bytes(...)`` long."""
+        ``header_bytes + value_bytes(...)`` long. From a CUDA cache into a pinned buffer the
+        copy is asynchronous on the current stream; ``sync=False`` returns without waiting
+        for it (kv_transfer.CopyStream records an event instead)."""
         views = self._checked(views, block_ids)
         size = self.value_bytes(len(block_ids), last_tokens)
         if out is None:
@@ -223,13 +226,16 @@ class KVCopier:
             tail = out[header_bytes + full_bytes :].view(self.num_layers, -1)
             parts = [self._tail_of(view[block_ids[-1]], last_tokens) for view in views]
             _copy_into(tail, torch.stack(parts))
+        device = views[0].device
+        if sync and device.type == "cuda" and out.is_pinned():
+            torch.cuda.current_stream(device).synchronize()
         return out
 
     def _gather_full(
         self, views: list[torch.Tensor], block_ids: list[int], region: torch.Tensor
     ) -> None:
         device = views[0].device
-        index = torch.tensor(block_ids, dtype=torch.long, device=device)
+        index = _index(block_ids, device)
         if device.type == "cpu":
             for layer, view in enumerate(views):
                 region[:, layer].copy_(view.index_select(0, index).reshape(len(block_ids), -1))
@@ -238,8 +244,6 @@ class KVCopier:
             [view.index_select(0, index).reshape(len(block_ids), -1) for view in views], dim=1
         )
         region.copy_(gathered, non_blocking=region.is_pinned())
-        if region.is_pinned():
-            torch.cuda.current_stream(device).synchronize()
 
     def scatter(
         self,
@@ -270,7 +274,7 @@ class KVCopier:
         full_bytes = len(full_ids) * self.num_layers * self.shape.block_bytes
         if full_ids:
             region = source[:full_bytes].view(len(full_ids), self.num_layers, -1)
-            index = torch.tensor(full_ids, dtype=torch.long, device=device)
+            index = _index(full_ids, device)
             block = (self.shape.heads, self.shape.block_tokens, self.shape.content_bytes)
             for layer, view in enumerate(views):
                 view.index_copy_(0, index, region[:, layer].reshape(len(full_ids), *block))
@@ -329,6 +333,19 @@ class KVCopier:
         return keys[:, :, :num_tokens], values[:, :num_tokens]
 
 
+def _index(block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Block ids as a long tensor on ``device``, to a CUDA device without waiting: a plain
+    ``torch.tensor(..., device=)`` synchronises the current stream, which on a side stream
+    means waiting for the forward pass it follows, and pinning a fresh buffer per copy may
+    wait for the whole device; an asynchronous copy from pageable memory is staged by the
+    driver and returns."""
+    index = torch.tensor(block_ids, dtype=torch.long)
+    if device.type == "cpu":
+        return index
+    return index.to(device, non_blocking=True)
+
+
 def _copy_into(target: torch.Tensor, source: torch.Tensor) -> None:
-    """Copy a device tensor into a host region of the same number of bytes."""
-    target.copy_(source.reshape(target.shape))
+    """Copy a device tensor into a host region of the same number of bytes (without waiting
+    where the region is pinned: the caller synchronises)."""
+    target.copy_(source.reshape(target.shape), non_blocking=target.is_pinned())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,6 +31,7 @@ from worker.constants import KV_WRITE_QUEUE_BLOCKS
 from worker.daemon_writer import HandoffWriter
 from worker.kv_copy import KVCopier, as_bytes
 from worker.kv_layout import check_tensors, host_tensor, layer_names
+from worker.kv_transfer import CopyStream, InOrderLanding
 from worker.persist_stats import (
     CACHED_BLOCKS,
     DROPPED_BLOCKS,
@@ -71,7 +73,10 @@ class SpotConnectorWorker:
         self._layer_names = layer_names(kv_cache_config)
         self._store = store
         self._tensors: list[torch.Tensor] = []
+        self._copies = CopyStream("cpu")
+        self._landing = InOrderLanding()
         self._released: set[str] = set()
+        self._released_lock = threading.Lock()  # the landing thread adds to it on a GPU
         self._loaded_staged = 0
         self._loaded_from_store = 0
         self._found_cached = 0
@@ -98,6 +103,7 @@ class SpotConnectorWorker:
         tensors = [kv_caches[name] for name in self._layer_names]
         check_tensors(tensors, self._num_blocks, self._copier)
         self._tensors = as_bytes(tensors)
+        self._copies = CopyStream(self._tensors[0].device)
 
     def start_load_kv(self, meta: SpotConnectorMetadata) -> None:
         """Fills every layer of the step's synchronous loads before the forward pass, and
@@ -134,7 +140,11 @@ class SpotConnectorWorker:
             load.first_block,
             len(load.block_ids),
         )
-        self._copier.scatter(self._tensors, load.block_ids, value, last)
+        transfer = self._copies.load(self._copier, self._tensors, load.block_ids, value, last)
+        if threading.current_thread().name.startswith("spot-kv-load"):
+            transfer.finish()  # an asynchronous load is received once its copy is done
+        else:
+            self._landing.land(transfer)  # the forward pass's stream waits for it
         with self._load_lock:
             if load.staged:
                 self._loaded_staged += 1
@@ -150,36 +160,43 @@ class SpotConnectorWorker:
     def wait_for_save(self, meta: SpotConnectorMetadata) -> None:
         """Copies the step's saves out of the cache (whole blocks, all layers) after the
         forward pass and queues them, with the step's commits and marks (rank 0's), for the
-        writer."""
+        writer. On a GPU the copies run on a side stream: each block, and every mark and
+        release after it, reaches the writer in order once its bytes are on the host
+        (kv_transfer.InOrderLanding); on CPU at once."""
         first_rank = self._tp_rank == 0
+        writer, land = self._writer, self._landing.land
         for commit in meta.commits if first_rank else ():
-            self._writer.submit_tokens(commit)
+            land(None, partial(writer.submit_tokens, commit))
         for save in meta.saves:
             last = self._copier.last_block_tokens(save.num_tokens)[1]
             nbytes = self._header_bytes + self._copier.value_bytes(len(save.block_ids), last)
             buffer = self._writer.buffer(nbytes, save.required)
             if buffer is None:
                 continue  # dropped (counted): the queue or the daemon's ring is full
-            self._writer.submit(
-                PendingBlock(
-                    request_id=save.request_id,
-                    block_index=save.block_index,
-                    prefix_hash=save.prefix_hash,
-                    data=self._copier.gather(
-                        self._tensors, save.block_ids, last, self._header_bytes, out=buffer
-                    ),
-                    num_tokens=save.num_tokens,
-                ),
-                required=save.required,
+            block = PendingBlock(
+                request_id=save.request_id,
+                block_index=save.block_index,
+                prefix_hash=save.prefix_hash,
+                data=buffer,
+                num_tokens=save.num_tokens,
             )
+            transfer = self._copies.save(
+                self._copier, self._tensors, save.block_ids, last, buffer, self._header_bytes
+            )
+            land(transfer, partial(writer.submit, block, required=save.required))
         for request_id in meta.without_kv if first_rank else ():
-            self._writer.submit_no_kv(request_id)
+            land(None, partial(writer.submit_no_kv, request_id))
         for commit in meta.final_commits if first_rank else ():
-            self._writer.submit_tokens(commit, final=True)
+            land(None, partial(writer.submit_tokens, commit, final=True))
         for request_id, full_blocks, tail_tokens in meta.paused:
-            self._writer.submit_paused(request_id, full_blocks, tail_tokens)
-        # The copies are private: the cache slots may be freed now.
-        self._released.update(meta.released)
+            land(None, partial(writer.submit_paused, request_id, full_blocks, tail_tokens))
+        if meta.released:
+            # Once the copies before it are on the host, the cache slots may be freed.
+            land(None, partial(self._release, meta.released))
+
+    def _release(self, vllm_ids: list[str] | set[str]) -> None:
+        with self._released_lock:
+            self._released.update(vllm_ids)
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         """The vLLM ids whose blocks are copied out, so vLLM may free them, and those whose
@@ -187,7 +204,8 @@ class SpotConnectorWorker:
         received = {vllm_id for vllm_id, copy in self._receiving if copy.done()}
         if received:
             self._receiving = [(i, copy) for i, copy in self._receiving if i not in received]
-        released, self._released = self._released, set()
+        with self._released_lock:
+            released, self._released = self._released, set()
         return released or None, received or None
 
     def get_kv_connector_stats(self) -> PersistStats | None:
@@ -206,5 +224,7 @@ class SpotConnectorWorker:
 
     def shutdown(self) -> None:
         self._loader.shutdown(wait=True, cancel_futures=True)
+        if not self._landing.close(WRITER_CLOSE_SECONDS):
+            log.warning("KV copies still in flight at shutdown: their blocks are not written")
         self._writer.close(WRITER_CLOSE_SECONDS)
         self._store.close()

@@ -142,7 +142,14 @@ class FakeCopier:
     def part(self, value: Any, blocks: int, last: int, first: int, count: int) -> Any:
         return value, last
 
-    def scatter(self, tensors: Any, block_ids: Sequence[int], value: Any, last: int) -> None:
+    def scatter(
+        self,
+        tensors: Any,
+        block_ids: Sequence[int],
+        value: Any,
+        last: int,
+        descriptor: str | None = None,
+    ) -> None:
         name = threading.current_thread().name
         self.threads.add(name)
         if name != "MainThread":
