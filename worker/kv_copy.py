@@ -238,7 +238,8 @@ class KVCopier:
         index = _index(block_ids, device)
         if device.type == "cpu":
             for layer, view in enumerate(views):
-                region[:, layer].copy_(view.index_select(0, index).reshape(len(block_ids), -1))
+                source, target = _widened(view, region[:, layer])
+                target.copy_(source.index_select(0, index).reshape(len(block_ids), -1))
             return
         gathered = torch.stack(
             [view.index_select(0, index).reshape(len(block_ids), -1) for view in views], dim=1
@@ -277,7 +278,10 @@ class KVCopier:
             index = _index(full_ids, device)
             block = (self.shape.heads, self.shape.block_tokens, self.shape.content_bytes)
             for layer, view in enumerate(views):
-                view.index_copy_(0, index, region[:, layer].reshape(len(full_ids), *block))
+                target, part = view, region[:, layer].reshape(len(full_ids), *block)
+                if device.type == "cpu":
+                    target, part = _widened(target, part)
+                target.index_copy_(0, index, part)
         if trimmed:
             tail = source[full_bytes:].view(self.num_layers, -1)
             for layer, view in enumerate(views):
@@ -343,6 +347,22 @@ def _index(block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
     if device.type == "cpu":
         return index
     return index.to(device, non_blocking=True)
+
+
+_WIDE_DTYPES = (torch.int64, torch.int32, torch.int16)
+
+
+def _widened(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The same uint8 bytes seen as the widest integer type all of ``tensors`` allow (their
+    last axis, offsets and strides divisible by its size), else as they are. The CPU's
+    strided copy kernels move one element per step: a uint8 ``index_copy_`` ran at ~0.9 GB/s
+    where the same bytes as int64 ran at ~6 GB/s (one core)."""
+    for dtype in _WIDE_DTYPES:
+        try:
+            return tuple(tensor.view(dtype) for tensor in tensors)
+        except RuntimeError:
+            continue
+    return tensors
 
 
 def _copy_into(target: torch.Tensor, source: torch.Tensor) -> None:

@@ -78,10 +78,12 @@ def test_a_failing_action_is_logged_and_the_landing_goes_on() -> None:
 
 @pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.name)
 @pytest.mark.parametrize(("blocks", "last_tokens"), [([3], 0), ([5, 0, 7], 0), ([2, 6], 9)])
+@pytest.mark.parametrize("content", [CONTENT, 6, 3], ids=["int64-wide", "int16-wide", "bytes"])
 def test_copy_stream_round_trips_on_cpu_are_bit_exact(
-    layout: object, blocks: list[int], last_tokens: int
+    layout: object, blocks: list[int], last_tokens: int, content: int
 ) -> None:
-    shape = BlockShape(HEADS, BLOCK_TOKENS, CONTENT)
+    """Content sizes that the copies see as int64, int16 and plain bytes (kv_copy._widened)."""
+    shape = BlockShape(HEADS, BLOCK_TOKENS, content)
     copier = KVCopier(layout, shape, LAYERS, "tokens", f"cpu:{layout}")  # type: ignore[arg-type]
     size = LAYERS * BLOCKS * shape.block_bytes
     source_raw = torch.randint(0, 256, (size,), dtype=torch.uint8)
