@@ -168,10 +168,18 @@ class KVFetcher:
 
 def _map(path: str) -> memoryview:
     """The reply's file, mapped (copy-on-write: the loader may view it as a writable tensor)
-    and unlinked: the mapping lives as long as a view of it does."""
+    and unlinked: the mapping lives as long as a view of it does. Its pages are mapped in at
+    once (MAP_POPULATE, on this lookup thread, without the interpreter lock), not one fault
+    at a time in the loader's copy beside the engine's step."""
+    populate = getattr(mmap, "MAP_POPULATE", 0)
     with open(path, "rb") as file:
         try:
-            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+            mapped = mmap.mmap(
+                file.fileno(),
+                0,
+                flags=mmap.MAP_PRIVATE | populate,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            )
         finally:
             os.unlink(path)
     return memoryview(mapped)
