@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.cpu_affinity import unpin_current_thread
 from store.block_codec import EncodedBlock, KVFormat, header_bytes, seal_block
 from store.block_refs import BlockWrite
 from store.constants import (
@@ -219,6 +220,7 @@ class KVBlockWriter:
         self._thread.join(timeout_seconds)
 
     def _run(self) -> None:
+        unpin_current_thread()  # off the rank's compute core (common/cpu_affinity.py)
         while True:
             if self._held:
                 time.sleep(max(0.0, self._retry_at - time.monotonic()))

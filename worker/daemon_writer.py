@@ -27,6 +27,7 @@ from collections import deque
 
 import torch
 
+from common.cpu_affinity import unpin_current_thread
 from store import KVFormat, RedisStore, TokenCommit, handoff
 from store.block_writer import KVBlockWriter, PendingBlock
 from store.handoff import BlockNote, Done, Hello, NoKVNote, PausedNote, TokensNote
@@ -125,6 +126,7 @@ class _Link:
         self._reader.join(timeout=1.0)
 
     def _read(self) -> None:
+        unpin_current_thread()
         try:
             while (received := handoff.receive(self.sock)) is not None:
                 note, fd = received

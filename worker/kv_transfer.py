@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from common.cpu_affinity import unpin_current_thread
 from worker.kv_copy import KVCopier
 
 DEFAULT_POOL_BYTES = 256 << 20
@@ -234,6 +235,7 @@ class InOrderLanding:
         self._queue.put((transfer, action))
 
     def _run(self) -> None:
+        unpin_current_thread()
         while (item := self._queue.get()) is not None:
             transfer, action = item
             try:

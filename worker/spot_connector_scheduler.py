@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.cpu_affinity import unpin_current_thread
 from store import (
     BlockRejected,
     KVBlock,
@@ -206,7 +207,9 @@ def _lookups(
     and the fetcher it reads through (started at once: its process takes a while)."""
     if kv_load != "async":
         return None, None
-    lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-kv-lookup")
+    lookups = ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="spot-kv-lookup", initializer=unpin_current_thread
+    )
     if fetcher is not None:
         lookups.submit(fetcher.start)
     return lookups, fetcher

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from common.cpu_affinity import unpin_current_thread
 from store import KVFormat, RedisStore
 from store.block_codec import header_bytes
 from store.block_writer import KVBlockWriter, PendingBlock
@@ -94,7 +95,9 @@ class SpotConnectorWorker:
         else:
             self._writer = KVBlockWriter(store, kv_format, KV_WRITE_QUEUE_BLOCKS)
         self._persist_reporter = PersistReporter()
-        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-kv-load")
+        self._loader = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="spot-kv-load", initializer=unpin_current_thread
+        )
         self._receiving: list[tuple[str, Future[None]]] = []
         self._load_lock = threading.Lock()  # the loader thread counts and reports errors too
         self._load_errors: set[int] = set()

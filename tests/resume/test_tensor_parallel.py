@@ -16,10 +16,11 @@ rather than a whole local cluster: two workers of two ranks each, with a coordin
 and Redis beside them, saturate a two-core machine: in such drills Redis answered nothing
 for seconds, so their outcome measured the machine, not the KV path.
 
-On a two-core machine these tests are opt-in (SPOTINFER_TP2_TESTS=1): there each rank holds
-a core, and a rank's eager save of the request's first chunk has reached Redis anywhere from
-at once to only near the request's end (206 to ~1,900 output tokens, in runs of this
-module), so the kill or the pause races the end of the request; with more cores they run.
+Each rank's process is pinned to its core (VLLM_CPU_OMP_THREADS_BIND) and so were, once, the
+threads it starts: a rank's eager save of the request's first chunk then waited behind that
+rank's own steps, reaching Redis anywhere from at once to near the request's end. The
+connector's threads now leave the rank's core (common/cpu_affinity.py); `_pinned_elsewhere`
+checks it on the running ranks.
 """
 
 from __future__ import annotations
@@ -49,10 +50,7 @@ from tests.support.wait import wait_until
 from worker.model_fingerprint import model_fingerprint
 
 pytestmark = pytest.mark.skipif(
-    (os.cpu_count() or 1) < 4 and os.environ.get("SPOTINFER_TP2_TESTS") != "1",
-    reason="two TP=2 ranks on fewer than 4 cores: a rank's eager chunk save lands late "
-    "(up to the request's end), so the kill or pause races the end; set "
-    "SPOTINFER_TP2_TESTS=1 to run them anyway",
+    len(os.sched_getaffinity(0)) < 2, reason="TP=2 on vLLM-CPU binds one core per rank: 2 needed"
 )
 
 # The first 256-token chunk is full at token 206 and reaches Redis some way later: on two
@@ -220,8 +218,10 @@ def test_an_abrupt_loss_of_a_tp2_worker_loads_every_rank_shard(
         tiny_model, *_tp2_flags(redis_server.url, "worker-tp2-abrupt"), log_dir=tmp_path
     ) as source:
         reader = _generate_until_stored(source, store, fingerprint, request_id, shard_suffixes(2))
+        pinned = _pinned_elsewhere(source)
         source.kill()
         reader.join()
+    assert pinned, "no rank found"
     assert not [r for r in reader.responses if r.finish_reason], "the kill must cut it"
     received = reader.tokens()
     committed = store.committed_tokens(request_id)
@@ -237,6 +237,43 @@ def test_an_abrupt_loss_of_a_tp2_worker_loads_every_rank_shard(
     # computes the last token itself, so a context of one chunk loads one token less).
     assert event.loaded_tokens >= min(BLOCK_TOKENS, context_tokens - 1), event.detail
     assert event.loaded_tokens + event.recomputed_tokens == context_tokens - 1, event.detail
+
+
+def _cpus(path: Path) -> set[int]:
+    """A task's CPU mask, from its /proc status (``Cpus_allowed_list: 0-1,3``)."""
+    line = next(
+        row for row in path.read_text().splitlines() if row.startswith("Cpus_allowed_list:")
+    )
+    cpus: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def _pinned_elsewhere(worker: WorkerProcess) -> dict[int, set[int]]:
+    """Each rank process of ``worker``'s group: its main thread's mask, checked to be one core
+    (vLLM's binding), and that some of its threads (the connector's writer and landing; the
+    rank's own threads keep the pin) may run on every CPU. Rank pid -> main thread's mask."""
+    assert worker.pid is not None
+    everywhere = os.sched_getaffinity(0)
+    ranks: dict[int, set[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != worker.pid:
+                continue
+            if not (proc / "comm").read_text().startswith("VLLM::Worker_TP"):
+                continue
+            main = _cpus(proc / "status")
+            threads = [_cpus(task / "status") for task in (proc / "task").iterdir()]
+        except (OSError, StopIteration):
+            continue  # gone meanwhile
+        assert len(main) == 1, f"rank {proc.name} is not bound to one core: {main}"
+        assert everywhere in threads, f"rank {proc.name}: every thread is pinned to {main}"
+        ranks[int(proc.name)] = main
+    return ranks
 
 
 def _context(store: RedisStore, request_id: str) -> list[int]:
