@@ -21,6 +21,11 @@ times: during the load, [t0, t1], and without it, the --baseline-seconds before 
 
     stall ratio = rate during the load ÷ rate without it        (1.0: no stall)
 
+The window [t0, t1] ends with the step that gives the resumed request its first token; that
+step gave the other streams theirs as well, and their chunks reach the benchmark within a few
+ms of t1, before or after: they are counted up to t1 + a quarter of the baseline's step
+interval (too short to reach the next step).
+
 The two modes alternate in order from round to round, each on a fresh source request;
 medians over rounds. The resume's MIGRATED / RECOVERED event must say the context was
 loaded (recomputed ≤ one chunk), or the sample is refused.
@@ -59,6 +64,7 @@ GENERATED_TOKENS = 32  # of the context, A generates these; the rest is prompt
 STREAM_PROMPT_TOKENS = 64
 STREAM_TIMEOUT_SECONDS = 600.0
 START_TIMEOUT_SECONDS = 120.0
+STEP_SLACK = 0.25  # of a step: how late after t1 the others' chunks of t1's step may arrive
 
 
 class TimedStream:
@@ -89,6 +95,17 @@ class TimedStream:
     def stop(self) -> None:
         self._stream.cancel()
         self._thread.join(10)
+
+
+def step_interval(streams: list[TimedStream], start: float, end: float) -> float:
+    """The median time between two chunks of one stream in [start, end): a decode step."""
+    gaps = [
+        later - earlier
+        for stream in streams
+        for (earlier, _), (later, _) in zip(stream.arrivals, stream.arrivals[1:], strict=False)
+        if start <= earlier and later < end
+    ]
+    return float(statistics.median(gaps)) if gaps else 0.0
 
 
 def worker_flags(redis_url: str, worker_id: str, kv_load: str = "async") -> tuple[str, ...]:
@@ -145,7 +162,19 @@ def one_sample(
         if ended:
             raise RuntimeError(f"streams {ended} ended inside the load: raise --stream-tokens")
         before = sum(s.tokens_between(t0 - args.baseline_seconds, t0) for s in streams)
-        during = sum(s.tokens_between(t0, t1) for s in streams)
+        # The step that gives the resumed request its first token gives the others theirs
+        # too; their chunks reach this process a few ms before or after t1 (other threads,
+        # other streams). A quarter of a step's interval counts that step's own tokens and
+        # cannot reach the next step's.
+        slack = STEP_SLACK * step_interval(streams, t0 - args.baseline_seconds, t0)
+        during = sum(s.tokens_between(t0, t1 + slack) for s in streams)
+        steps_ms = [  # one stream's chunk gaps, by arrival (ms after t0): where time went
+            (round((later - t0) * 1000), round((later - earlier) * 1000, 1))
+            for (earlier, _), (later, _) in zip(
+                streams[0].arrivals, streams[0].arrivals[1:], strict=False
+            )
+            if t0 - 0.5 <= earlier and later <= t1 + slack
+        ]
     finally:
         for stream in streams:
             stream.stop()
@@ -161,6 +190,8 @@ def one_sample(
         "rate_before_tokens_per_s": rate_before,
         "rate_during_tokens_per_s": rate_during,
         "stall_ratio": rate_during / rate_before,
+        "resume_ms_at_first_token": round((t1 - t0) * 1000),
+        "one_stream_gaps_ms": steps_ms,
     }
 
 
