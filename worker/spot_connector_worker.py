@@ -126,7 +126,7 @@ class SpotConnectorWorker:
     def _copy_in_all(self, loads: list[BlockLoad]) -> None:
         for load in loads:
             try:
-                self._copy_in(load)
+                self._copy_in(load, received=True)
             except Exception:
                 log.exception(
                     "loading %d cache blocks failed; vLLM recomputes them", len(load.block_ids)
@@ -134,7 +134,10 @@ class SpotConnectorWorker:
                 with self._load_lock:
                     self._load_errors.update(load.block_ids)
 
-    def _copy_in(self, load: BlockLoad) -> None:
+    def _copy_in(self, load: BlockLoad, received: bool = False) -> None:
+        """One load's copy into its slots. ``received``: an asynchronous load, reported once
+        its copy is done (so this waits for it); else the next forward pass waits for it on
+        the device, and the landing gives its pinned buffer back."""
         blocks, last = self._copier.last_block_tokens(load.num_tokens)
         value, last = self._copier.part(
             host_tensor(load.payloads[self._tp_rank]),
@@ -144,10 +147,10 @@ class SpotConnectorWorker:
             len(load.block_ids),
         )
         transfer = self._copies.load(self._copier, self._tensors, load.block_ids, value, last)
-        if threading.current_thread().name.startswith("spot-kv-load"):
-            transfer.finish()  # an asynchronous load is received once its copy is done
+        if received:
+            transfer.finish()
         else:
-            self._landing.land(transfer)  # the forward pass's stream waits for it
+            self._landing.land(transfer)
         with self._load_lock:
             if load.staged:
                 self._loaded_staged += 1

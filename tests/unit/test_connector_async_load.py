@@ -204,3 +204,85 @@ def test_the_worker_copies_asynchronous_loads_on_its_loader_thread(fail: bool) -
     assert worker.take_load_errors() == set()
     assert worker.get_finished() == (None, None)
     worker.shutdown()
+
+
+class RecordingWriter:
+    """The writer's interface, recording what reaches it and in which order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def buffer(self, nbytes: int, required: bool = False) -> Any:
+        import torch
+
+        return torch.zeros(nbytes, dtype=torch.uint8)
+
+    def submit(self, block: Any, required: bool = False) -> None:
+        self.calls.append(("block", block.block_index))
+
+    def submit_paused(self, request_id: str, full_blocks: int, tail_tokens: int) -> None:
+        self.calls.append(("paused", request_id))
+
+    def submit_tokens(self, commit: Any, final: bool = False) -> None:
+        self.calls.append(("tokens", final))
+
+    def submit_no_kv(self, request_id: str) -> None:
+        self.calls.append(("no-kv", request_id))
+
+    def close(self, timeout: float) -> None:
+        pass
+
+
+class GatedCopies:
+    """A CopyStream whose saves finish when the test opens the gate (a GPU copy in flight)."""
+
+    def __init__(self) -> None:
+        from worker.kv_transfer import Transfer
+
+        gate = self.gate = threading.Event()
+
+        class Gated(Transfer):
+            def done(self) -> bool:
+                return gate.is_set()
+
+            def wait(self) -> None:
+                assert gate.wait(WAIT_SECONDS)
+
+        self._transfer = Gated
+
+    def save(self, *args: Any, **kwargs: Any) -> Any:
+        return self._transfer()
+
+
+class SizedCopier(FakeCopier):
+    def value_bytes(self, blocks: int, last: int = 0) -> int:
+        return 16 * blocks
+
+
+def test_saves_in_flight_hold_back_what_follows_them_and_the_slots() -> None:
+    """A GPU save still copying: its block, the pause after it and the release of its slots
+    wait for it, in that order; the step's commits before it do not."""
+    from worker.spot_connector_metadata import BlockSave
+
+    worker = _worker(SizedCopier())
+    worker._writer.close(1)
+    writer = worker._writer = RecordingWriter()  # type: ignore[assignment]
+    copies = worker._copies = GatedCopies()  # type: ignore[assignment]
+    meta = SpotConnectorMetadata(
+        commits=[SimpleNamespace()],  # type: ignore[list-item]
+        saves=[BlockSave("r", 0, (3,), b"h0", CHUNK), BlockSave("r", 1, (4,), b"h1", CHUNK)],
+        paused=[("r", 2, 0)],
+        released=["vllm-r"],
+    )
+    worker.wait_for_save(meta)
+    assert writer.calls == [("tokens", False)]
+    assert worker.get_finished() == (None, None), "slots held while their copies run"
+    copies.gate.set()
+    deadline = time.monotonic() + WAIT_SECONDS
+    released: set[str] | None = None
+    while released is None and time.monotonic() < deadline:
+        released, _ = worker.get_finished()
+        time.sleep(0.01)
+    assert released == {"vllm-r"}
+    assert writer.calls == [("tokens", False), ("block", 0), ("block", 1), ("paused", "r")]
+    worker.shutdown()
