@@ -54,7 +54,7 @@ class HostBufferPool:
         self._lock = threading.Lock()
         self._free: list[torch.Tensor] = []
         self._allocated = 0
-        self._bases: dict[int, torch.Tensor] = {}  # id(slice) -> the buffer it was cut from
+        self._lent: dict[int, torch.Tensor] = {}  # address -> the buffer a piece starts
         self.pageable_fallbacks = 0
 
     @property
@@ -76,14 +76,13 @@ class HostBufferPool:
             else:
                 self.pageable_fallbacks += 1
                 return torch.empty(nbytes, dtype=torch.uint8)
-            piece = base[:nbytes]
-            self._bases[id(piece)] = base
-            return piece
+            self._lent[base.data_ptr()] = base
+            return base[:nbytes]
 
     def give(self, buffer: torch.Tensor) -> None:
         """Return a buffer `take` gave (one from outside the pool is simply let go)."""
         with self._lock:
-            base = self._bases.pop(id(buffer), None)
+            base = self._lent.pop(buffer.data_ptr(), None)
             if base is not None:
                 self._free.append(base)
 
