@@ -26,6 +26,7 @@ checks it on the running ranks.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,7 +62,7 @@ MAX_MODEL_LEN_TP = 2048
 MAX_TOKENS = 1900
 PROMPT = list(range(120, 170))
 NOTICE_SECONDS = 60.0
-PAUSE_BY_TOKENS = MAX_TOKENS * 3 // 4  # the notice test pauses by then, staged or not
+PAUSE_BY_TOKENS = MAX_TOKENS // 2  # the notice test pauses by then, staged or not
 SOURCE_NICE = 10
 
 
@@ -163,18 +164,20 @@ def test_a_notice_moves_every_rank_shard_to_a_tp2_standby_with_nothing_recompute
         # token after the chunk is committed, so a migration (and this test) stages again.
         # On a loaded machine the source may store its second chunk before a stage lands: a
         # stage then holds both, and the resume reports what was staged last. Stages on a
-        # loaded two-core machine can be slower than the source's decode: past most of its
-        # tokens it is paused all the same (as a migration pauses at its deadline), so that
-        # the pause, not the end, cuts the request.
+        # loaded two-core machine can be slower than the source's decode: they run in a
+        # thread, and past half of its tokens the source is paused all the same (as a
+        # migration pauses at its deadline), so that the pause, not the end, cuts the request.
         staged = [0]
-
-        def staged_or_late() -> bool:
-            if len(reader.tokens()) >= PAUSE_BY_TOKENS:
-                return True
-            staged.append(_prefetch(tp2_standby, request_id).staged_blocks)
-            return staged[-1] >= 1
-
-        wait_until(staged_or_late, "both shards of the first chunk staged on the standby")
+        stager = _Stager(tp2_standby, request_id, staged)
+        stager.start()
+        try:
+            wait_until(
+                lambda: staged[-1] >= 1 or len(reader.tokens()) >= PAUSE_BY_TOKENS or reader.done,
+                "both shards of the first chunk staged on the standby",
+            )
+        finally:
+            stager.stop()  # a stage in flight goes on: the pause need not wait for it
+        assert not reader.done, "the request ran to its end before the test paused it"
         reports = list(
             source.stub.Preempt(
                 worker_pb2.PreemptRequest(deadline_unix=time.time() + NOTICE_SECONDS),
@@ -182,6 +185,7 @@ def test_a_notice_moves_every_rank_shard_to_a_tp2_standby_with_nothing_recompute
             )
         )
         reader.join()
+        stager.join()  # the standby's last stage is the one its resume reports
     received = reader.tokens()
     assert reader.responses[-1].event.kind == common_pb2.EVENT_KIND_NOTICE, "the pause cut it"
     (report,) = reports
@@ -287,6 +291,27 @@ def _context(store: RedisStore, request_id: str) -> list[int]:
 
 def _prefetch(worker: WorkerProcess, request_id: str) -> worker_pb2.PrefetchResponse:
     return worker.stub.Prefetch(worker_pb2.PrefetchRequest(request_id=request_id), timeout=60)
+
+
+class _Stager(threading.Thread):
+    """Asks ``standby`` to stage ``request_id`` again and again (a migration's prefetch),
+    appending each answer's staged block count to ``staged``, until one holds a block or
+    `stop`. A thread: one stage can take seconds on a loaded machine, and the test watches
+    the source's tokens meanwhile, to pause it in time whatever the stages do."""
+
+    def __init__(self, standby: WorkerProcess, request_id: str, staged: list[int]) -> None:
+        super().__init__(name="tp2-stager", daemon=True)
+        self._standby = standby
+        self._request_id = request_id
+        self._staged = staged
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.is_set() and self._staged[-1] < 1:
+            self._staged.append(_prefetch(self._standby, self._request_id).staged_blocks)
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 @pytest.fixture
