@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -138,6 +139,24 @@ def prompt_ids(model: str, count: int) -> list[list[int]]:
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     return [list(tokenizer.encode(PROMPTS[i % len(PROMPTS)])) for i in range(count)]
+
+
+def cpu_description() -> str:
+    """The CPU's model name and the vector extensions vLLM-CPU's kernels use (a decode
+    step's cost, and with it every ratio against a step, depends on them)."""
+    model, flags = "unknown CPU", set[str]()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown CPU":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    found = [flag for flag in wanted if flag in flags]
+    return f"{model} ({', '.join(found) or 'no AVX2'}), {os.cpu_count()} CPUs"
 
 
 def write_json(path: Path | None, result: dict[str, Any], indent: int = 2) -> None:

@@ -2,7 +2,7 @@
 asynchronous load vs the synchronous baseline.
 
     python -m benchmarks.kv_load_stall [--context 4097] [--streams 8] [--rounds 3]
-        [--json docs/bench/kv_load_stall.json]
+        [--dtype bfloat16] [--json docs/bench/kv_load_stall.json]
 
 Real processes only: a redis-server started here, two standby workers that stay loaded —
 one with ``--kv-load async`` (the default), one with ``--kv-load sync`` (the store read
@@ -20,6 +20,12 @@ first new token (t1). The other streams' decode rate is counted from their chunk
 times: during the load, [t0, t1], and without it, the --baseline-seconds before t0.
 
     stall ratio = rate during the load ÷ rate without it        (1.0: no stall)
+
+The load's own work (Redis sending the blocks, the fetcher reading and checking them, the
+copy into the cache) is nearly fixed for a context; the others' step is not: it depends on the
+CPU's vector extensions and the dtype (bfloat16 without AVX-512 is several times slower).
+The result records the CPU and each sample the baseline's step, so that ratios from
+different machines are read side by side with them.
 
 The window [t0, t1] ends with the step that gives the resumed request its first token; that
 step gave the other streams theirs as well, and their chunks reach the benchmark within a few
@@ -45,6 +51,7 @@ from rich.progress import Progress
 
 from benchmarks.harness import (
     benchmark_parser,
+    cpu_description,
     engine_flags,
     print_table,
     resolve_model_arg,
@@ -108,9 +115,11 @@ def step_interval(streams: list[TimedStream], start: float, end: float) -> float
     return float(statistics.median(gaps)) if gaps else 0.0
 
 
-def worker_flags(redis_url: str, worker_id: str, kv_load: str = "async") -> tuple[str, ...]:
+def worker_flags(
+    redis_url: str, worker_id: str, kv_load: str = "async", dtype: str = "bfloat16"
+) -> tuple[str, ...]:
     return (
-        *engine_flags("bfloat16", MAX_MODEL_LEN, KV_CACHE_BYTES),
+        *engine_flags(dtype, MAX_MODEL_LEN, KV_CACHE_BYTES),
         *("--redis-url", redis_url),
         *("--kv-persist-policy", "eager"),
         *("--kv-chunk-tokens", str(CHUNK_TOKENS)),
@@ -131,7 +140,9 @@ def one_sample(
 ) -> dict[str, Any]:
     request_id = f"stall-{sample}"
     prompt = text.prompt(args.context - GENERATED_TOKENS, seed=1000 + sample)
-    with WorkerProcess(model, *worker_flags(server.url, f"source-{sample}")) as source:
+    with WorkerProcess(
+        model, *worker_flags(server.url, f"source-{sample}", dtype=args.dtype)
+    ) as source:
         committed = persist_then_kill(
             source, store, fingerprint, request_id, prompt, GENERATED_TOKENS, CHUNK_TOKENS
         )
@@ -166,7 +177,8 @@ def one_sample(
         # too; their chunks reach this process a few ms before or after t1 (other threads,
         # other streams). A quarter of a step's interval counts that step's own tokens and
         # cannot reach the next step's.
-        slack = STEP_SLACK * step_interval(streams, t0 - args.baseline_seconds, t0)
+        step = step_interval(streams, t0 - args.baseline_seconds, t0)
+        slack = STEP_SLACK * step
         during = sum(s.tokens_between(t0, t1 + slack) for s in streams)
         steps_ms = [  # one stream's chunk gaps, by arrival (ms after t0): where time went
             (round((later - t0) * 1000), round((later - earlier) * 1000, 1))
@@ -190,6 +202,7 @@ def one_sample(
         "rate_before_tokens_per_s": rate_before,
         "rate_during_tokens_per_s": rate_during,
         "stall_ratio": rate_during / rate_before,
+        "step_ms_before": round(step * 1000, 1),
         "resume_ms_at_first_token": round((t1 - t0) * 1000),
         "one_stream_gaps_ms": steps_ms,
     }
@@ -198,14 +211,16 @@ def one_sample(
 def measure(args: Any, model: str, console: Console) -> dict[str, Any]:
     from worker.model_fingerprint import model_fingerprint
 
-    fingerprint = model_fingerprint(model, "bfloat16")
+    fingerprint = model_fingerprint(model, args.dtype)
     text = TextTokens(model)
     samples: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     with RedisProcess() as server, Progress(console=console) as progress:
         task = progress.add_task("loading the standbys", total=args.rounds * len(MODES))
         store = RedisStore.from_url(server.url)
         standbys = {
-            mode: WorkerProcess(model, *worker_flags(server.url, f"standby-{mode}", mode))
+            mode: WorkerProcess(
+                model, *worker_flags(server.url, f"standby-{mode}", mode, args.dtype)
+            )
             for mode in MODES
         }
         try:
@@ -233,6 +248,8 @@ def measure(args: Any, model: str, console: Console) -> dict[str, Any]:
     keys = ("stall_ratio", "resume_ms", "rate_before_tokens_per_s", "rate_during_tokens_per_s")
     return {
         "model": model,
+        "dtype": args.dtype,
+        "cpu": cpu_description(),
         "context_tokens": args.context,
         "other_streams": args.streams,
         "chunk_tokens": CHUNK_TOKENS,
@@ -242,7 +259,7 @@ def measure(args: Any, model: str, console: Console) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = benchmark_parser(__doc__, rounds=3)
+    parser = benchmark_parser(__doc__, rounds=3, dtype="bfloat16")
     parser.add_argument("--context", type=int, default=4097, help="tokens of the resumed context")
     parser.add_argument("--streams", type=int, default=8, help="other requests decoding")
     parser.add_argument("--stream-tokens", type=int, default=600, help="their max_tokens")
