@@ -120,15 +120,11 @@ def step_gaps(streams: list[TimedStream], start: float, end: float) -> list[floa
     ]
 
 
-def step_interval(streams: list[TimedStream], start: float, end: float) -> float:
-    """The median decode step in [start, end)."""
-    gaps = step_gaps(streams, start, end)
+def _median(gaps: list[float]) -> float:
     return float(statistics.median(gaps)) if gaps else 0.0
 
 
-def mean_step(streams: list[TimedStream], start: float, end: float) -> float:
-    """The mean decode step in [start, end) (0 if no step lies inside it)."""
-    gaps = step_gaps(streams, start, end)
+def _mean(gaps: list[float]) -> float:
     return float(statistics.fmean(gaps)) if gaps else 0.0
 
 
@@ -194,14 +190,15 @@ def one_sample(
         # too; their chunks reach this process a few ms before or after t1 (other threads,
         # other streams). A quarter of a step's interval counts that step's own tokens and
         # cannot reach the next step's.
-        step = step_interval(streams, t0 - args.baseline_seconds, t0)
+        baseline = step_gaps(streams, t0 - args.baseline_seconds, t0)
+        step = _median(baseline)
         slack = STEP_SLACK * step
         during = sum(s.tokens_between(t0, t1 + slack) for s in streams)
         # The load alone: the others' steps from t0 up to the step in which the resumed
         # request joins their batch (its first step carries a 4k-token context: the cost of
         # serving it, not of loading it). Reported beside the ratio, not instead of it.
-        step_before = mean_step(streams, t0 - args.baseline_seconds, t0)
-        step_loading = mean_step(streams, t0, t1 - slack)
+        step_before = _mean(baseline)
+        step_loading = _mean(step_gaps(streams, t0, t1 - slack))
         steps_ms = [  # one stream's chunk gaps, by arrival (ms after t0): where time went
             (round((later - t0) * 1000), round((later - earlier) * 1000, 1))
             for (earlier, _), (later, _) in zip(
