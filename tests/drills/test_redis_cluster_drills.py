@@ -14,7 +14,13 @@ from spotinfer.loadgen import Sampling
 from spotinfer.local.cluster import LocalCluster
 from spotinfer.local.redis_cluster_process import RedisClusterProcess
 from store import keys
-from tests.drills.test_scenarios import _assert_invariants, _assert_secure, _drill
+from tests.drills.test_scenarios import (
+    ABRUPT_MAX_MODEL_LEN,
+    ABRUPT_OUTPUT_TOKENS,
+    _assert_invariants,
+    _assert_secure,
+    _drill,
+)
 from tests.support.redis_server import redis_available
 
 pytestmark = pytest.mark.skipif(
@@ -60,13 +66,13 @@ def test_notice_on_a_redis_cluster(cluster_factory, tmp_path: Path) -> None:  # 
 
 
 def test_abrupt_on_a_redis_cluster(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    cluster = cluster_factory(redis_cluster_masters=MASTERS)
+    cluster = cluster_factory(redis_cluster_masters=MASTERS, max_model_len=ABRUPT_MAX_MODEL_LEN)
     outcome = _drill(
         cluster,
         tmp_path,
         scenario="abrupt",
         requests=8,
-        output_tokens=(700, 700),
+        output_tokens=(ABRUPT_OUTPUT_TOKENS, ABRUPT_OUTPUT_TOKENS),
         sampling=Sampling.SEEDED,
     )
     _assert_invariants(outcome, zero_recompute=False)

@@ -26,6 +26,14 @@ from spotinfer.loadgen import RequestTrace, Sampling
 from spotinfer.local.cluster import LocalCluster
 
 TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "spotserve" / "As.jsonl"
+# The abrupt drills kill the serving worker once half the requests have 352 tokens (half a
+# chunk past the first 256-token chunk) as the load generator counts them; on a busy machine
+# the generator's count lags the worker's by hundreds of tokens (a worker killed at 352 by
+# that count had produced 936). The outputs run long, so that the kill finds the requests
+# mid-stream: at 700 tokens the tiny model had finished them all (in ~2.6 s) before the
+# generator had counted 352.
+ABRUPT_OUTPUT_TOKENS = 1900
+ABRUPT_MAX_MODEL_LEN = 2048
 
 
 def _drill(cluster: LocalCluster, tmp_path: Path, **options: object) -> DrillOutcome:
@@ -203,7 +211,7 @@ def test_azure_preempt_is_approved_after_the_flush(cluster_factory, tmp_path: Pa
 
 
 def test_abrupt(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    cluster = cluster_factory()
+    cluster = cluster_factory(max_model_len=ABRUPT_MAX_MODEL_LEN)
     # The kill lands half a KV chunk past the requests' first 256-token chunk (352 new
     # tokens for the drill's 32-96-token prompts), with room for a request that runs ahead.
     # Seeded sampling: each recovery continues from the tokens its client received and
@@ -213,7 +221,7 @@ def test_abrupt(cluster_factory, tmp_path: Path) -> None:  # type: ignore[no-unt
         tmp_path,
         scenario="abrupt",
         requests=8,
-        output_tokens=(700, 700),
+        output_tokens=(ABRUPT_OUTPUT_TOKENS, ABRUPT_OUTPUT_TOKENS),
         sampling=Sampling.SEEDED,
     )
     _assert_invariants(outcome, zero_recompute=False)
