@@ -170,15 +170,16 @@ def _map(path: str) -> memoryview:
     """The reply's file, mapped read-only (the loader only reads it: kv_layout.host_tensor)
     and unlinked: the mapping lives as long as a view of it does. Shared, not private: a
     writable private mapping that is populated copies every page on the spot, ~94 MB for a
-    4k-token context, beside the engine's step. Its pages are mapped in at once
-    (MAP_POPULATE, on this lookup thread, without the interpreter lock), not one fault at a
-    time in the loader's copy."""
-    populate = getattr(mmap, "MAP_POPULATE", 0)
+    4k-token context, beside the engine's step.
+
+    Not populated here either: with MAP_POPULATE (all ~23,000 pages of a 4k context mapped
+    at once, under the engine process's memory-map lock) the engine step beside it took
+    ~10 ms longer in every traced resume of the stall benchmark, and without it that step
+    was not slower. Left to fault in, the pages cost the loader's copy a few ms more, on
+    the loader's thread."""
     with open(path, "rb") as file:
         try:
-            mapped = mmap.mmap(
-                file.fileno(), 0, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ
-            )
+            mapped = mmap.mmap(file.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         finally:
             os.unlink(path)
     return memoryview(mapped)
