@@ -67,6 +67,7 @@ the socket.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -366,28 +367,37 @@ def decode_block(
     if data is None:
         raise reject(RejectReason.MISSING)
     view = memoryview(data).cast("B")
-    (
-        _,
-        _,
-        header_len,
-        _,
-        layer_count,
-        block_tokens,
-        num_tokens,
-        _,
-        prefix_hash,
-        fp_digest,
-        dtype_len,
-        _,
-        _,
-        _,
-    ) = _verified_fields(view, reject, keyring)
+    fields = _verified_fields(view, reject, keyring)
+    header_len = fields[2]
+    _check_reader_format(
+        view[:header_len], fields, expected, expected_prefix_hash, expected_num_tokens, reject
+    )
+    return KVBlock(
+        kv_format=expected,
+        prefix_hash=fields[8],
+        num_tokens=fields[6],
+        payload=view[header_len:],
+    )
+
+
+def _check_reader_format(
+    header: memoryview,
+    fields: tuple[Any, ...],
+    expected: KVFormat,
+    expected_prefix_hash: bytes,
+    expected_num_tokens: int,
+    reject: Callable[..., BlockRejected],
+) -> None:
+    """The checks of a verified header against what its reader wants: model, dtype, layout,
+    geometry and the tokens' chain hash."""
+    layer_count, block_tokens, num_tokens = fields[4:7]
+    prefix_hash, fp_digest, dtype_len = fields[8:11]
     if fp_digest != fingerprint_digest(expected.model_fingerprint):
         raise reject(RejectReason.FINGERPRINT)
-    dtype = bytes(view[_FIXED.size : _FIXED.size + dtype_len]).decode("ascii", "replace")
+    dtype = bytes(header[_FIXED.size : _FIXED.size + dtype_len]).decode("ascii", "replace")
     if dtype != expected.dtype:
         raise reject(RejectReason.DTYPE, f"{dtype!r}, expected {expected.dtype!r}")
-    layout = bytes(view[_FIXED.size + dtype_len : header_len]).decode("ascii", "replace")
+    layout = bytes(header[_FIXED.size + dtype_len :]).decode("ascii", "replace")
     if layout != expected.layout:
         raise reject(RejectReason.LAYOUT, f"{layout!r}, expected {expected.layout!r}")
     if (layer_count, block_tokens, num_tokens) != (
@@ -402,12 +412,116 @@ def decode_block(
         )
     if prefix_hash != expected_prefix_hash:
         raise reject(RejectReason.PREFIX_HASH)
-    return KVBlock(
-        kv_format=expected,
-        prefix_hash=prefix_hash,
-        num_tokens=num_tokens,
-        payload=view[header_len:],
-    )
+
+
+class StreamedBlockCheck:
+    """decode_block's checks, in decode_block's order and with its verdicts, over a stored
+    block that arrives in pieces and is never held whole (the KV fetcher: each piece is
+    checked while it is in the CPU's cache and written on, instead of a whole reply going
+    through memory once per check)::
+
+        check = StreamedBlockCheck(name, value_length, keyring)
+        check.take_header(first check.header_wanted bytes)   # again while header_wanted
+        for piece in payload: check.update(piece)            # check.payload_wanted bytes
+        prefix_hash, num_tokens = check.finish(expected, prefix_hash, num_tokens)
+
+    Every step raises BlockRejected as decode_block would for the same bytes; the form's
+    checks (magic, version, lengths) come at once, CRC and MAC and the reader's at finish.
+    """
+
+    def __init__(
+        self, block_name: str, value_length: int, keyring: MacKeyring = LOOPBACK_KEYRING
+    ) -> None:
+        self._name = block_name
+        self._length = value_length
+        self._keyring = keyring
+        self._header = bytearray()
+        self._fields: tuple[Any, ...] | None = None
+        self._header_len = _FIXED.size
+        self._crc = 0
+        self._mac: Any = None
+        self._mac_key_id = 0
+        self._received = 0
+        if value_length < _FIXED.size:
+            raise self._reject(
+                RejectReason.MALFORMED, f"{value_length} bytes is shorter than a header"
+            )
+
+    @property
+    def header_wanted(self) -> int:
+        """Header bytes still to take (0: the payload follows)."""
+        return self._header_len - len(self._header)
+
+    @property
+    def payload_wanted(self) -> int:
+        return self._length - self._header_len - self._received
+
+    def take_header(self, data: Buffer) -> None:
+        piece = memoryview(data).cast("B")
+        if len(piece) > self.header_wanted:
+            raise ValueError(f"{len(piece)} header bytes, {self.header_wanted} wanted")
+        self._header += piece
+        if self._fields is None and len(self._header) == _FIXED.size:
+            self._fields = self._form_checked(_FIXED.unpack_from(self._header))
+        if self._fields is not None and not self.header_wanted:
+            header = memoryview(self._header)
+            self._crc = crc32(header[_CRC_COVERS_FROM:])
+            self._mac = self._keyring.mac_state(self._mac_key_id)
+            if self._mac is not None:
+                for part in _mac_parts(header):
+                    self._mac.update(part)
+
+    def update(self, data: Buffer) -> None:
+        """One piece of the payload, in order."""
+        piece = memoryview(data).cast("B")
+        if self.header_wanted or len(piece) > self.payload_wanted:
+            raise ValueError(f"{len(piece)} payload bytes, {self.payload_wanted} wanted")
+        self._crc = crc32(piece, self._crc)
+        if self._mac is not None:
+            self._mac.update(piece)
+        self._received += len(piece)
+
+    def finish(
+        self, expected: KVFormat, expected_prefix_hash: bytes, expected_num_tokens: int
+    ) -> tuple[bytes, int]:
+        """The block's prefix hash and filled tokens once every byte checked out."""
+        if self.header_wanted or self.payload_wanted or self._fields is None:
+            raise ValueError("finish before the whole block was taken")
+        fields = self._fields
+        if self._crc != fields[3]:
+            raise self._reject(RejectReason.CHECKSUM)
+        if self._mac is None or not hmac.compare_digest(self._mac.digest(), fields[-1]):
+            raise self._reject(RejectReason.MAC, f"key id {self._mac_key_id}")
+        _check_reader_format(
+            memoryview(self._header),
+            fields,
+            expected,
+            expected_prefix_hash,
+            expected_num_tokens,
+            self._reject,
+        )
+        return bytes(fields[8]), int(fields[6])
+
+    def _form_checked(self, fields: tuple[Any, ...]) -> tuple[Any, ...]:
+        magic, version, header_len = fields[:3]
+        payload_len, dtype_len, layout_len, mac_key_id = fields[7], *fields[10:13]
+        if magic != BLOCK_MAGIC:
+            raise self._reject(RejectReason.MALFORMED, "bad magic")
+        if version != BLOCK_FORMAT_VERSION:
+            raise self._reject(
+                RejectReason.VERSION, f"format {version}, expected {BLOCK_FORMAT_VERSION}"
+            )
+        if (
+            header_len != _FIXED.size + dtype_len + layout_len
+            or self._length != header_len + payload_len
+        ):
+            raise self._reject(RejectReason.MALFORMED, "lengths do not add up")
+        self._header_len = header_len
+        self._mac_key_id = mac_key_id
+        return fields
+
+    def _reject(self, reason: RejectReason, detail: str = "") -> BlockRejected:
+        return BlockRejected(self._name, reason, detail)
 
 
 @dataclass(frozen=True)

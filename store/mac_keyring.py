@@ -65,6 +65,12 @@ class MacKeyring:
             return False
         return hmac.compare_digest(self._mac(key, parts), bytes(mac))
 
+    def mac_state(self, key_id: int) -> hmac.HMAC | None:
+        """A MAC under key ``key_id`` to feed piece by piece (``update``, then ``digest``);
+        None for an unknown key."""
+        key = self.keys.get(key_id)
+        return None if key is None else hmac.new(key, digestmod=hashlib.sha256)
+
     @staticmethod
     def _mac(key: bytes, parts: Iterable[Buffer]) -> bytes:
         digest = hmac.new(key, digestmod=hashlib.sha256)

@@ -8,6 +8,7 @@ StoreUnavailable, anything else Redis refuses becomes StoreError.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,56 @@ class RedisLink:
                     raise StoreError(f"Redis refused {command[0]}: {result}") from result
             return results
 
+    @property
+    def streams_values(self) -> bool:
+        """Whether ``stream_values`` can serve this client (a standalone server's)."""
+        return not isinstance(self._client, redis.RedisCluster)
+
+    def stream_values(self, commands: Sequence[Command]) -> Iterator[StreamedValue | None]:
+        """Send ``commands`` (each answered by a string or nil: GET, GETEX, HGET) in one
+        pipeline and yield their replies in order as they come off the socket, each taken
+        by the caller in pieces (``StreamedValue``) before the next is read; None for nil.
+        What the caller leaves of a value is skipped.
+
+        For a big read (a resume's KV): each piece can be checked and passed on while it is
+        in the CPU's cache, instead of every reply going through memory whole, once per
+        step. Standalone servers only (``streams_values``). An error reply raises StoreError
+        and a lost connection StoreUnavailable, as ``run`` does; the connection is dropped
+        then, and whenever the caller stops early.
+        """
+        if isinstance(self._client, redis.RedisCluster):
+            raise StoreError("streamed reads need a standalone Redis, not a cluster")
+        pool = self._client.connection_pool
+        with self.translate_errors():
+            connection = pool.get_connection()
+        finished = False
+        try:
+            replies = self._sent(connection, commands)
+            for index, command in enumerate(commands):
+                value = replies.next_value(command)
+                yield value
+                if value is not None:
+                    value.skip_rest()
+                if index == len(commands) - 1:
+                    replies.check_drained()
+            finished = True
+        except (OSError, *_UNAVAILABLE_ERRORS) as error:
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
+        finally:
+            if not finished:
+                connection.disconnect()
+            pool.release(connection)
+
+    @staticmethod
+    def _sent(connection: Any, commands: Sequence[Command]) -> _Replies:
+        """The commands sent on ``connection`` (which the pool handed out checked: one the
+        server closed while idle is opened again); its socket's replies to read."""
+        connection.send_packed_command(connection.pack_commands(commands))
+        sock = connection._get_socket()  # noqa: SLF001 (the replies are read off it)
+        if sock is None:
+            raise redis.exceptions.ConnectionError("no socket after sending")
+        return _Replies(sock)
+
     def scan(self, pattern: str) -> list[bytes]:
         """Every key matching ``pattern``, on every node of a cluster."""
         with self.translate_errors():
@@ -190,3 +241,96 @@ class RedisLink:
             raise StoreUnavailable(f"Redis unavailable: {error}") from error
         except ResponseError as error:
             raise StoreError(f"Redis error: {error}") from error
+
+
+_READ_CHUNK_BYTES = 64 * 1024
+
+
+class StreamedValue:
+    """A string reply being read off the socket: ``length`` bytes, taken in order."""
+
+    def __init__(self, replies: _Replies, length: int) -> None:
+        self.length = length
+        self._replies = replies
+        self._left = length
+
+    @property
+    def remaining(self) -> int:
+        return self._left
+
+    def read_into(self, buffer: memoryview) -> int:
+        """Fills the start of ``buffer`` with the value's next bytes (at most what is left of
+        it); how many. Blocks until at least one byte came."""
+        wanted = min(len(buffer), self._left)
+        if not wanted:
+            return 0
+        count = self._replies.read_into(buffer[:wanted])
+        self._left -= count
+        if not self._left:
+            self._replies.expect_line_end()
+        return count
+
+    def read_exact(self, count: int) -> bytes:
+        """The value's next ``count`` bytes (at most what is left of it)."""
+        data = bytearray(min(count, self._left))
+        view = memoryview(data)
+        filled = 0
+        while filled < len(data):
+            filled += self.read_into(view[filled:])
+        return bytes(data)
+
+    def skip_rest(self) -> None:
+        scratch = memoryview(bytearray(min(self._left, _READ_CHUNK_BYTES)))
+        while self._left:
+            self.read_into(scratch)
+
+
+class _Replies:
+    """RESP replies read straight off a socket: the line of each reply's type and length, a
+    string's bytes into the caller's buffer."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._pending = bytearray()  # read past a line: the start of what follows it
+
+    def next_value(self, command: Command) -> StreamedValue | None:
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"$" and rest.lstrip(b"-").isdigit():
+            length = int(rest)
+            return None if length < 0 else StreamedValue(self, length)
+        if kind == b"_":  # RESP3's nil
+            return None
+        if kind == b"-":
+            message = rest.decode("utf-8", "replace")
+            raise StoreError(f"Redis refused {command[0]}: {message}")
+        raise StoreError(f"Redis answered {command[0]} with {line[:40]!r}, not a string")
+
+    def read_into(self, buffer: memoryview) -> int:
+        if self._pending:
+            count = min(len(buffer), len(self._pending))
+            buffer[:count] = self._pending[:count]
+            del self._pending[:count]
+            return count
+        count = self._sock.recv_into(buffer)
+        if not count:
+            raise redis.exceptions.ConnectionError("Redis closed the connection mid-reply")
+        return count
+
+    def expect_line_end(self) -> None:
+        if self._line():
+            raise StoreError("a string reply of Redis ran past its length")
+
+    def check_drained(self) -> None:
+        if self._pending:
+            raise StoreError(f"Redis sent {len(self._pending)} bytes more than was asked")
+
+    def _line(self) -> bytes:
+        while (end := self._pending.find(b"\r\n")) < 0:
+            chunk = self._sock.recv(_READ_CHUNK_BYTES)
+            if not chunk:
+                raise redis.exceptions.ConnectionError("Redis closed the connection")
+            self._pending += chunk
+        line = bytes(self._pending[:end])
+        del self._pending[: end + 2]
+        return line

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from store import keys
 from store.block_codec import (
@@ -21,6 +21,7 @@ from store.block_codec import (
     EncodedBlock,
     KVBlock,
     KVFormat,
+    StreamedBlockCheck,
     decode_block,
     encoded_block,
     pack_token_ids,
@@ -35,6 +36,7 @@ from store.errors import (
     ConflictReason,
     InvalidTransition,
     RecordRejected,
+    RejectReason,
     RequestExists,
     RequestNotFound,
     StoreUnavailable,
@@ -171,6 +173,26 @@ def _shard_views_from(
             run = present.index(False) if False in present else len(present)
             views[request_id].append((run, read_summary(next(results) or None)))
     return views
+
+
+READ_PIECE_BYTES = 256 * 1024
+"""The piece of a value get_blocks_into takes at a time: well inside a core's L2 cache."""
+
+
+@dataclass(frozen=True)
+class PayloadAt:
+    """A verified block whose payload get_blocks_into wrote to its file, and where."""
+
+    prefix_hash: bytes
+    num_tokens: int
+    offset: int
+    length: int
+
+
+def _write_all(out: BinaryIO, data: memoryview) -> None:
+    while data:
+        written = out.write(data)
+        data = data[written or 0 :]
 
 
 def _stored_form(block: KVBlock | EncodedBlock, keyring: MacKeyring) -> EncodedBlock:
@@ -485,16 +507,8 @@ class RedisStore:
 
         Reading a full block restarts its TTL: a referenced prefix stays.
         """
-        commands: list[Command] = [
-            ("GETEX", read.key, "EX", self._config.block_ttl_seconds)
-            if read.is_full
-            else ("HGET", read.key, read.shard)
-            if read.shard
-            else ("GET", read.key)
-            for read in reads
-        ]
         loaded: list[KVBlock | BlockRejected] = []
-        for read, data in zip(reads, self._run(commands), strict=True):
+        for read, data in zip(reads, self._run(self._read_commands(reads)), strict=True):
             try:
                 loaded.append(
                     decode_block(read.name, data, kv_format, *read.expected, self._keyring)
@@ -502,6 +516,64 @@ class RedisStore:
             except BlockRejected as rejected:
                 loaded.append(rejected)
         return loaded
+
+    @property
+    def reads_into_files(self) -> bool:
+        """Whether ``get_blocks_into`` can serve this store (a standalone server's)."""
+        return self._link.streams_values
+
+    def get_blocks_into(
+        self, reads: Sequence[BlockRead], kv_format: KVFormat, out: BinaryIO
+    ) -> list[PayloadAt | BlockRejected]:
+        """get_blocks' one round trip and checks, each verified payload written to ``out``
+        (an unbuffered file, from its position on, one after another) instead of returned;
+        a refused block leaves nothing there.
+
+        Nothing is held whole: each value is taken off the socket in pieces of
+        ``READ_PIECE_BYTES``, and each piece checked (CRC, MAC) and written while it is in
+        the CPU's cache. A resume's read then moves its bytes through memory about once
+        instead of once per step (hiredis's buffer, the reply's bytes, each check, the
+        write), which is what slows an engine beside it: its decode streams the weights
+        from memory every step. Standalone servers only (``reads_into_files``).
+        """
+        piece = memoryview(bytearray(READ_PIECE_BYTES))
+        at = out.tell()
+        loaded: list[PayloadAt | BlockRejected] = []
+        values = self._link.stream_values(self._read_commands(reads))
+        for read, value in zip(reads, values, strict=True):
+            try:
+                if value is None:
+                    raise BlockRejected(read.name, RejectReason.MISSING)
+                check = StreamedBlockCheck(read.name, value.length, self._keyring)
+                while check.header_wanted:
+                    check.take_header(value.read_exact(check.header_wanted))
+                length = check.payload_wanted
+                while check.payload_wanted:
+                    count = value.read_into(piece[: check.payload_wanted])
+                    check.update(piece[:count])
+                    _write_all(out, piece[:count])
+                prefix_hash, num_tokens = check.finish(
+                    kv_format,
+                    *read.expected,
+                )
+            except BlockRejected as rejected:
+                loaded.append(rejected)
+                out.seek(at)
+                continue
+            loaded.append(PayloadAt(prefix_hash, num_tokens, at, length))
+            at += length
+        out.truncate(at)
+        return loaded
+
+    def _read_commands(self, reads: Sequence[BlockRead]) -> list[Command]:
+        return [
+            ("GETEX", read.key, "EX", self._config.block_ttl_seconds)
+            if read.is_full
+            else ("HGET", read.key, read.shard)
+            if read.shard
+            else ("GET", read.key)
+            for read in reads
+        ]
 
     def get_block_values(
         self, block_hashes: Sequence[bytes], shard: str = ""

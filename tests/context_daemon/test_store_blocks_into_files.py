@@ -1,0 +1,195 @@
+"""Blocks read from a real redis-server straight into a file (RedisStore.get_blocks_into, the
+KV fetcher's read): every value taken off the socket in pieces and checked on the way, with
+get_blocks' verdicts; over TLS with a worker's ACL user too. A cluster store says it cannot
+and refuses, never half-reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+import redis
+
+from spotinfer.local.redis_process import RedisProcess
+from spotinfer.local.redis_security import Role
+from store import (
+    BlockRead,
+    BlockRejected,
+    KVBlock,
+    KVFormat,
+    RedisStore,
+    RejectReason,
+    StoreError,
+    StoreUnavailable,
+    block_reads,
+    redis_store,
+)
+from store import keys as store_keys
+from store.keys import shard_suffix
+from store.redis_store import PayloadAt
+from tests.context_daemon.conftest import TEST_STORE_CONFIG
+from tests.context_daemon.test_store_blocks import FORMAT, create, payload_for, writes_for
+from tests.support.redis_server import RedisCluster, RedisServer
+
+TOKENS = list(range(3000, 3000 + 16 * 4 + 7))  # four full blocks and a tail of 7
+
+
+@pytest.fixture
+def single(redis_server: RedisServer) -> Iterator[RedisStore]:
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
+    yield RedisStore(client, TEST_STORE_CONFIG)
+    client.close()
+
+
+@pytest.fixture
+def out() -> Iterator[BinaryIO]:
+    descriptor, path = tempfile.mkstemp(prefix="blocks-into-")
+    with os.fdopen(descriptor, "w+b", buffering=0) as file:
+        yield file
+    Path(path).unlink()
+
+
+def _stored(store: RedisStore, kv_format: KVFormat = FORMAT) -> list[BlockRead]:
+    request_id = create(store, TOKENS)
+    assert all(store.put_blocks(writes_for(request_id, TOKENS, kv_format=kv_format)))
+    return block_reads(request_id, kv_format, TOKENS)
+
+
+def _file_bytes(out: BinaryIO) -> bytes:
+    out.seek(0)
+    return out.read()
+
+
+def _verdicts(results: Sequence[KVBlock | PayloadAt | BlockRejected]) -> list[object]:
+    return [
+        (r.reason, r.detail) if isinstance(r, BlockRejected) else (r.prefix_hash, r.num_tokens)
+        for r in results
+    ]
+
+
+def _same_as_get_blocks(
+    store: RedisStore, reads: list[BlockRead], out: BinaryIO, kv_format: KVFormat = FORMAT
+) -> bytes:
+    """get_blocks_into's results against get_blocks' on the same keys: the same verdicts,
+    and the passing payloads back to back in the file at the offsets it says."""
+    into = store.get_blocks_into(reads, kv_format, out)
+    whole = store.get_blocks(reads, kv_format)
+    assert _verdicts(into) == _verdicts(whole)
+    data = _file_bytes(out)
+    at = 0
+    for got, want in zip(into, whole, strict=True):
+        if isinstance(got, PayloadAt):
+            assert isinstance(want, KVBlock)
+            assert got.offset == at, "payloads follow one another"
+            assert data[at : at + got.length] == bytes(want.payload)
+            at += got.length
+    assert len(data) == at, "nothing of a refused block is left in the file"
+    return data
+
+
+@pytest.mark.parametrize("piece_bytes", [7, 1000, redis_store.READ_PIECE_BYTES])
+def test_every_block_comes_into_the_file_as_get_blocks_reads_it(
+    single: RedisStore, out: BinaryIO, piece_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_store, "READ_PIECE_BYTES", piece_bytes)
+    reads = _stored(single)
+    assert single.reads_into_files
+    data = _same_as_get_blocks(single, reads, out)
+    assert data == b"".join(payload_for(i) for i in range(5))
+
+
+def test_refused_blocks_leave_nothing_and_the_rest_follow_one_another(
+    redis_server: RedisServer, single: RedisStore, out: BinaryIO
+) -> None:
+    reads = _stored(single)
+    client = redis.Redis.from_url(redis_server.url)
+    corrupted = store_keys.block_key(reads[1].prefix_hash)
+    value = bytearray(client.get(corrupted) or b"")
+    value[-1] ^= 0xFF
+    client.set(corrupted, bytes(value))
+    client.delete(store_keys.block_key(reads[2].prefix_hash))
+    client.close()
+    data = _same_as_get_blocks(single, reads, out)
+    assert data == payload_for(0) + payload_for(3) + payload_for(4)
+    results = single.get_blocks_into(reads, FORMAT, out)
+    reasons = [r.reason if isinstance(r, BlockRejected) else None for r in results]
+    assert reasons == [None, RejectReason.CHECKSUM, RejectReason.MISSING, None, None]
+
+
+def test_a_last_block_refused_is_cut_off_the_file(single: RedisStore, out: BinaryIO) -> None:
+    reads = _stored(single)
+    other = dataclasses.replace(FORMAT, dtype="bfloat16")
+    results = single.get_blocks_into(reads, other, out)
+    assert all(isinstance(r, BlockRejected) and r.reason is RejectReason.DTYPE for r in results)
+    assert _file_bytes(out) == b""
+
+
+def test_a_shards_tail_is_read_from_the_tails_hash(single: RedisStore, out: BinaryIO) -> None:
+    sharded = dataclasses.replace(FORMAT, layout="test:tp=1/2", shard=shard_suffix(1))
+    reads = _stored(single, sharded)
+    assert reads[-1].shard and not reads[-1].is_full
+    data = _same_as_get_blocks(single, reads, out, sharded)
+    assert data == b"".join(payload_for(i) for i in range(5))
+
+
+def test_an_error_reply_is_a_store_error_and_the_next_read_is_whole(
+    redis_server: RedisServer, single: RedisStore, out: BinaryIO
+) -> None:
+    reads = _stored(single)
+    client = redis.Redis.from_url(redis_server.url)
+    wrong = store_keys.block_key(reads[3].prefix_hash)
+    client.delete(wrong)
+    client.hset(wrong, "f", "v")  # GETEX on a hash: WRONGTYPE
+    client.close()
+    with pytest.raises(StoreError, match="WRONGTYPE"):
+        single.get_blocks_into(reads, FORMAT, out)
+    # The replies after the error were never read; the connection that held them is gone.
+    out.seek(0)
+    out.truncate(0)
+    results = single.get_blocks_into(reads[:3], FORMAT, out)
+    assert _file_bytes(out) == b"".join(payload_for(i) for i in range(3))
+    assert all(isinstance(r, PayloadAt) for r in results)
+
+
+def test_a_store_that_is_down_is_unavailable(out: BinaryIO) -> None:
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url, socket_timeout=2)
+        store = RedisStore(client, TEST_STORE_CONFIG)
+        reads = _stored(store)
+        server.kill()
+        with pytest.raises(StoreUnavailable):
+            store.get_blocks_into(reads, FORMAT, out)
+        client.close()
+
+
+def test_over_tls_as_a_worker(secure_redis: RedisProcess, out: BinaryIO) -> None:
+    assert secure_redis.security is not None
+    config = secure_redis.security.store_config(secure_redis.url, Role.WORKER)
+    store = RedisStore.from_config(config)
+    try:
+        assert secure_redis.url.startswith("rediss://") and store.reads_into_files
+        reads = _stored(store)
+        data = _same_as_get_blocks(store, reads, out)
+        assert data == b"".join(payload_for(i) for i in range(5))
+    finally:
+        store.close()
+
+
+def test_a_cluster_store_refuses_rather_than_half_reads(
+    redis_cluster: RedisCluster, out: BinaryIO
+) -> None:
+    client = redis.RedisCluster.from_url(redis_cluster.url, socket_timeout=5)
+    store = RedisStore(client, TEST_STORE_CONFIG)
+    try:
+        reads = _stored(store)
+        assert not store.reads_into_files
+        with pytest.raises(StoreError, match="standalone"):
+            store.get_blocks_into(reads, FORMAT, out)
+        assert _file_bytes(out) == b""
+    finally:
+        client.close()
