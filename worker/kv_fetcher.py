@@ -12,11 +12,12 @@ shared memory, which the engine process maps (no copy) and the loader scatters f
          └──── blocks: views of the mapping ◀┘ per block: its header fields, or why refused
 
 Its priority keeps it off the engine's core, not out of the engine's way: the engine's
-decode streams the weights from memory every step, and a copy of a big buffer on the other
-core slows it by a third or more (a 94 MB memcpy loop beside a 270 MB bf16 matrix-vector
-product: 45-47 ms per product against 65-70 ms). So the read moves each byte through memory
-as few times as it can: from a standalone server each value goes from the socket to the
-file in pieces that stay in the fetcher's core's cache while they are checked
+decode streams the weights from memory every step, and bytes moved through memory on the
+other core compete with it for bandwidth (benchmarks.memory_interference: a 94 MB copy loop
+beside a 270 MB bf16 matrix-vector product slowed it 1.03-1.48x on the same 2-core VM, with
+what else shared the host's memory). So the read moves each byte through memory as few
+times as it can: from a standalone server each value goes from the socket to the file in
+pieces that stay in the fetcher's core's cache while they are checked
 (store.redis_store.get_blocks_into); from a cluster the replies are read whole first.
 
 The fetcher holds the same store configuration (URL, cluster, TLS, ACL user, MAC keys) as
