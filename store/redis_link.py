@@ -149,45 +149,66 @@ class RedisLink:
                     raise StoreError(f"Redis refused {command[0]}: {result}") from result
             return results
 
-    @property
-    def streams_values(self) -> bool:
-        """Whether ``stream_values`` can serve this client (a standalone server's)."""
-        return not isinstance(self._client, redis.RedisCluster)
-
-    def stream_values(self, commands: Sequence[Command]) -> Iterator[StreamedValue | None]:
-        """Send ``commands`` (each answered by a string or nil: GET, GETEX, HGET) in one
-        pipeline and yield their replies in order as they come off the socket, each taken
-        by the caller in pieces (``StreamedValue``) before the next is read; None for nil.
-        What the caller leaves of a value is skipped.
+    def stream_values(
+        self, commands: Sequence[Command]
+    ) -> Iterator[tuple[int, StreamedValue | None]]:
+        """Send ``commands`` (each answered by a string or nil: GET, GETEX, HGET; the key
+        second) in one pipeline per node and yield their replies as they come off the
+        sockets: (the command's index, its value, None for nil), each value taken by the
+        caller in pieces (``StreamedValue``) before the next is read. What the caller leaves
+        of a value is skipped. On a cluster every node is sent its commands first, then the
+        nodes are read in turn: each node's replies in order, the nodes' in any.
 
         For a big read (a resume's KV): each piece can be checked and passed on while it is
         in the CPU's cache, instead of every reply going through memory whole, once per
-        step. Standalone servers only (``streams_values``). An error reply raises StoreError
-        and a lost connection StoreUnavailable, as ``run`` does; the connection is dropped
-        then, and whenever the caller stops early.
+        step. An error reply raises StoreError (ValuesMoved where a cluster node says a key
+        has moved: read again with ``run``, which follows it) and a lost connection
+        StoreUnavailable, as ``run`` does; the connections are dropped then, and whenever
+        the caller stops early.
         """
-        if isinstance(self._client, redis.RedisCluster):
-            raise StoreError("streamed reads need a standalone Redis, not a cluster")
-        pool = self._client.connection_pool
         with self.translate_errors():
-            connection = pool.get_connection()
+            groups = self._node_groups(commands)
+        held: list[tuple[Any, Any]] = []
         finished = False
         try:
-            replies = self._sent(connection, commands)
-            for index, command in enumerate(commands):
-                value = replies.next_value(command)
-                yield value
-                if value is not None:
-                    value.skip_rest()
-                if index == len(commands) - 1:
-                    replies.check_drained()
+            sent = []
+            for pool, indices in groups:
+                connection = pool.get_connection()
+                held.append((pool, connection))
+                sent.append((self._sent(connection, [commands[i] for i in indices]), indices))
+            for replies, indices in sent:
+                for index in indices:
+                    value = replies.next_value(commands[index])
+                    yield index, value
+                    if value is not None:
+                        value.skip_rest()
+                replies.check_drained()
             finished = True
         except (OSError, *_UNAVAILABLE_ERRORS) as error:
             raise StoreUnavailable(f"Redis unavailable: {error}") from error
         finally:
-            if not finished:
-                connection.disconnect()
-            pool.release(connection)
+            for pool, connection in held:
+                if not finished:
+                    connection.disconnect()
+                pool.release(connection)
+
+    def _node_groups(self, commands: Sequence[Command]) -> list[tuple[Any, list[int]]]:
+        """(connection pool, indices of its commands) per server the commands go to."""
+        client = self._client
+        if not isinstance(client, redis.RedisCluster):
+            return [(client.connection_pool, list(range(len(commands))))]
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for index, command in enumerate(commands):
+            node = client.get_node_from_key(command[1])
+            pool = client.get_redis_connection(node).connection_pool
+            groups.setdefault(node.name, (pool, []))[1].append(index)
+        return list(groups.values())
+
+    def refresh_slots(self) -> None:
+        """Reads a cluster's slot map again (after ValuesMoved); nothing on a standalone."""
+        if isinstance(self._client, redis.RedisCluster):
+            with self.translate_errors():
+                self._client.nodes_manager.initialize()
 
     @staticmethod
     def _sent(connection: Any, commands: Sequence[Command]) -> _Replies:
@@ -244,6 +265,10 @@ class RedisLink:
 
 
 _READ_CHUNK_BYTES = 64 * 1024
+
+
+class ValuesMoved(StoreError):
+    """A cluster node answered a streamed read with MOVED or ASK: its slot map was stale."""
 
 
 class StreamedValue:
@@ -303,6 +328,8 @@ class _Replies:
             return None
         if kind == b"-":
             message = rest.decode("utf-8", "replace")
+            if message.startswith(("MOVED ", "ASK ")):
+                raise ValuesMoved(f"Redis Cluster moved {command[1]!r}: {message}")
             raise StoreError(f"Redis refused {command[0]}: {message}")
         raise StoreError(f"Redis answered {command[0]} with {line[:40]!r}, not a string")
 

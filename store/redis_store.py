@@ -55,7 +55,7 @@ from store.lua_scripts import (
     ScriptCode,
 )
 from store.mac_keyring import MacKeyring, keyring_for
-from store.redis_link import Command, RedisClient, RedisLink, connect, evalsha
+from store.redis_link import Command, RedisClient, RedisLink, ValuesMoved, connect, evalsha
 from store.request_record import (
     ALLOWED_PREVIOUS,
     RequestRecord,
@@ -517,30 +517,49 @@ class RedisStore:
                 loaded.append(rejected)
         return loaded
 
-    @property
-    def reads_into_files(self) -> bool:
-        """Whether ``get_blocks_into`` can serve this store (a standalone server's)."""
-        return self._link.streams_values
-
     def get_blocks_into(
         self, reads: Sequence[BlockRead], kv_format: KVFormat, out: BinaryIO
     ) -> list[PayloadAt | BlockRejected]:
-        """get_blocks' one round trip and checks, each verified payload written to ``out``
-        (an unbuffered file, from its position on, one after another) instead of returned;
-        a refused block leaves nothing there.
+        """get_blocks' reads and checks, each verified payload written to ``out`` (an
+        unbuffered file, from its position on, one after another in the order they arrive)
+        instead of returned; a refused block leaves nothing there. Results in ``reads``'
+        order.
 
         Nothing is held whole: each value is taken off the socket in pieces of
         ``READ_PIECE_BYTES``, and each piece checked (CRC, MAC) and written while it is in
         the CPU's cache. A resume's read then moves its bytes through memory about once
         instead of once per step (hiredis's buffer, the reply's bytes, each check, the
         write), which is what slows an engine beside it: its decode streams the weights
-        from memory every step. Standalone servers only (``reads_into_files``).
+        from memory every step. One round trip per node, as get_blocks. On a cluster whose
+        slot map is stale (a resharding) the slot map is read again and the blocks are read
+        whole, with get_blocks, which follows the moves: ``out`` is then rewritten.
         """
+        start = out.tell()
+        try:
+            return self._streamed_into(reads, kv_format, out)
+        except ValuesMoved as moved:
+            log.info("%s; reading these blocks whole", moved)
+            self._link.refresh_slots()
+        out.seek(start)
+        loaded: list[PayloadAt | BlockRejected] = []
+        for block in self.get_blocks(reads, kv_format):
+            if isinstance(block, BlockRejected):
+                loaded.append(block)
+                continue
+            length = memoryview(block.payload).nbytes
+            loaded.append(PayloadAt(block.prefix_hash, block.num_tokens, out.tell(), length))
+            _write_all(out, memoryview(block.payload).cast("B"))
+        out.truncate(out.tell())
+        return loaded
+
+    def _streamed_into(
+        self, reads: Sequence[BlockRead], kv_format: KVFormat, out: BinaryIO
+    ) -> list[PayloadAt | BlockRejected]:
         piece = memoryview(bytearray(READ_PIECE_BYTES))
         at = out.tell()
-        loaded: list[PayloadAt | BlockRejected] = []
-        values = self._link.stream_values(self._read_commands(reads))
-        for read, value in zip(reads, values, strict=True):
+        loaded: dict[int, PayloadAt | BlockRejected] = {}
+        for index, value in self._link.stream_values(self._read_commands(reads)):
+            read = reads[index]
             try:
                 if value is None:
                     raise BlockRejected(read.name, RejectReason.MISSING)
@@ -552,18 +571,15 @@ class RedisStore:
                     count = value.read_into(piece[: check.payload_wanted])
                     check.update(piece[:count])
                     _write_all(out, piece[:count])
-                prefix_hash, num_tokens = check.finish(
-                    kv_format,
-                    *read.expected,
-                )
+                prefix_hash, num_tokens = check.finish(kv_format, *read.expected)
             except BlockRejected as rejected:
-                loaded.append(rejected)
+                loaded[index] = rejected
                 out.seek(at)
                 continue
-            loaded.append(PayloadAt(prefix_hash, num_tokens, at, length))
+            loaded[index] = PayloadAt(prefix_hash, num_tokens, at, length)
             at += length
         out.truncate(at)
-        return loaded
+        return [loaded[index] for index in range(len(reads))]
 
     def _read_commands(self, reads: Sequence[BlockRead]) -> list[Command]:
         return [

@@ -18,7 +18,7 @@ beside a 270 MB bf16 matrix-vector product slowed it 1.03-1.48x on the same 2-co
 what else shared the host's memory). So the read moves each byte through memory as few
 times as it can: from a standalone server each value goes from the socket to the file in
 pieces that stay in the fetcher's core's cache while they are checked
-(store.redis_store.get_blocks_into); from a cluster the replies are read whole first.
+(store.redis_store.get_blocks_into; a Redis Cluster's nodes each in turn).
 
 The fetcher holds the same store configuration (URL, cluster, TLS, ACL user, MAC keys) as
 the worker. A fetcher that cannot start, or dies, costs nothing but its advantage: the read
@@ -209,11 +209,8 @@ def _fetched(
     store: RedisStore, reads: Sequence[BlockRead], kv_format: KVFormat
 ) -> tuple[str, list[PayloadAt | _Refused]]:
     """Reads ``reads`` into one shared-memory file: its path ('' when no block passed) and
-    what the reader needs of each block. From a standalone server each value goes from the
-    socket to the file in pieces, checked on the way (RedisStore.get_blocks_into); from a
-    cluster the replies are read whole first."""
-    if not store.reads_into_files:
-        return _written(store.get_blocks(reads, kv_format))
+    what the reader needs of each block. Each value goes from the socket to the file in
+    pieces, checked on the way (RedisStore.get_blocks_into)."""
     descriptor, path = _shared_file()
     try:
         with os.fdopen(descriptor, "wb", buffering=0) as file:
@@ -236,28 +233,6 @@ def _shared_file() -> tuple[int, str]:
 
 def _refused(block: BlockRejected) -> _Refused:
     return _Refused(block.block_name, block.reason.value, block.detail)
-
-
-def _written(blocks: list[KVBlock | BlockRejected]) -> tuple[str, list[PayloadAt | _Refused]]:
-    """Writes the payloads of ``blocks`` into one shared-memory file: its path ('' when no
-    block passed) and what the reader needs of each block."""
-    items: list[PayloadAt | _Refused] = []
-    offset = 0
-    for block in blocks:
-        if isinstance(block, BlockRejected):
-            items.append(_refused(block))
-            continue
-        length = memoryview(block.payload).nbytes
-        items.append(PayloadAt(block.prefix_hash, block.num_tokens, offset, length))
-        offset += length
-    if not offset:
-        return "", items
-    descriptor, path = _shared_file()
-    with os.fdopen(descriptor, "wb") as file:
-        for block in blocks:
-            if isinstance(block, KVBlock):
-                file.write(block.payload)
-    return path, items
 
 
 def serve(inbound: IO[bytes], outbound: IO[bytes]) -> None:

@@ -15,14 +15,8 @@ from hypothesis import strategies as st
 from store import BlockRejected, KVBlock, KVFormat, RejectReason, block_hashes
 from store.block_codec import StreamedBlockCheck, decode_block, encode_block
 from store.mac_keyring import LOOPBACK_KEYRING, MacKeyring, parse_keyring
+from tests.context_daemon.test_block_codec import FORMAT
 
-FORMAT = KVFormat(
-    model_fingerprint="tiny:1",
-    dtype="float32",
-    layout="cpu:blocks,kv_heads,block,2*head_dim",
-    layer_count=2,
-    block_tokens=4,
-)
 PREFIX = block_hashes("tiny:1", [1, 2, 3, 4], 4)[0]
 KEYRING = parse_keyring("1:" + "ab" * 32)
 

@@ -47,6 +47,14 @@ def single(redis_server: RedisServer) -> Iterator[RedisStore]:
 
 
 @pytest.fixture
+def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A plain client of the same server, to tamper with what is stored."""
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def out() -> Iterator[BinaryIO]:
     descriptor, path = tempfile.mkstemp(prefix="blocks-into-")
     with os.fdopen(descriptor, "w+b", buffering=0) as file:
@@ -76,18 +84,22 @@ def _same_as_get_blocks(
     store: RedisStore, reads: list[BlockRead], out: BinaryIO, kv_format: KVFormat = FORMAT
 ) -> bytes:
     """get_blocks_into's results against get_blocks' on the same keys: the same verdicts,
-    and the passing payloads back to back in the file at the offsets it says."""
+    each passing payload in the file at the offset it says, the payloads back to back (in
+    the order they arrived) and nothing else there."""
     into = store.get_blocks_into(reads, kv_format, out)
     whole = store.get_blocks(reads, kv_format)
     assert _verdicts(into) == _verdicts(whole)
     data = _file_bytes(out)
-    at = 0
+    spans = []
     for got, want in zip(into, whole, strict=True):
         if isinstance(got, PayloadAt):
             assert isinstance(want, KVBlock)
-            assert got.offset == at, "payloads follow one another"
-            assert data[at : at + got.length] == bytes(want.payload)
-            at += got.length
+            assert data[got.offset : got.offset + got.length] == bytes(want.payload)
+            spans.append((got.offset, got.length))
+    at = 0
+    for offset, length in sorted(spans):
+        assert offset == at, "payloads follow one another"
+        at += length
     assert len(data) == at, "nothing of a refused block is left in the file"
     return data
 
@@ -98,22 +110,19 @@ def test_every_block_comes_into_the_file_as_get_blocks_reads_it(
 ) -> None:
     monkeypatch.setattr(redis_store, "READ_PIECE_BYTES", piece_bytes)
     reads = _stored(single)
-    assert single.reads_into_files
     data = _same_as_get_blocks(single, reads, out)
     assert data == b"".join(payload_for(i) for i in range(5))
 
 
 def test_refused_blocks_leave_nothing_and_the_rest_follow_one_another(
-    redis_server: RedisServer, single: RedisStore, out: BinaryIO
+    raw: redis.Redis, single: RedisStore, out: BinaryIO
 ) -> None:
     reads = _stored(single)
-    client = redis.Redis.from_url(redis_server.url)
     corrupted = store_keys.block_key(reads[1].prefix_hash)
-    value = bytearray(client.get(corrupted) or b"")
+    value = bytearray(raw.get(corrupted) or b"")
     value[-1] ^= 0xFF
-    client.set(corrupted, bytes(value))
-    client.delete(store_keys.block_key(reads[2].prefix_hash))
-    client.close()
+    raw.set(corrupted, bytes(value))
+    raw.delete(store_keys.block_key(reads[2].prefix_hash))
     data = _same_as_get_blocks(single, reads, out)
     assert data == payload_for(0) + payload_for(3) + payload_for(4)
     results = single.get_blocks_into(reads, FORMAT, out)
@@ -121,7 +130,7 @@ def test_refused_blocks_leave_nothing_and_the_rest_follow_one_another(
     assert reasons == [None, RejectReason.CHECKSUM, RejectReason.MISSING, None, None]
 
 
-def test_a_last_block_refused_is_cut_off_the_file(single: RedisStore, out: BinaryIO) -> None:
+def test_blocks_all_refused_leave_an_empty_file(single: RedisStore, out: BinaryIO) -> None:
     reads = _stored(single)
     other = dataclasses.replace(FORMAT, dtype="bfloat16")
     results = single.get_blocks_into(reads, other, out)
@@ -138,14 +147,12 @@ def test_a_shards_tail_is_read_from_the_tails_hash(single: RedisStore, out: Bina
 
 
 def test_an_error_reply_is_a_store_error_and_the_next_read_is_whole(
-    redis_server: RedisServer, single: RedisStore, out: BinaryIO
+    raw: redis.Redis, single: RedisStore, out: BinaryIO
 ) -> None:
     reads = _stored(single)
-    client = redis.Redis.from_url(redis_server.url)
     wrong = store_keys.block_key(reads[3].prefix_hash)
-    client.delete(wrong)
-    client.hset(wrong, "f", "v")  # GETEX on a hash: WRONGTYPE
-    client.close()
+    raw.delete(wrong)
+    raw.hset(wrong, "f", "v")  # GETEX on a hash: WRONGTYPE
     with pytest.raises(StoreError, match="WRONGTYPE"):
         single.get_blocks_into(reads, FORMAT, out)
     # The replies after the error were never read; the connection that held them is gone.
@@ -172,7 +179,7 @@ def test_over_tls_as_a_worker(secure_redis: RedisProcess, out: BinaryIO) -> None
     config = secure_redis.security.store_config(secure_redis.url, Role.WORKER)
     store = RedisStore.from_config(config)
     try:
-        assert secure_redis.url.startswith("rediss://") and store.reads_into_files
+        assert secure_redis.url.startswith("rediss://")
         reads = _stored(store)
         data = _same_as_get_blocks(store, reads, out)
         assert data == b"".join(payload_for(i) for i in range(5))
@@ -180,16 +187,47 @@ def test_over_tls_as_a_worker(secure_redis: RedisProcess, out: BinaryIO) -> None
         store.close()
 
 
-def test_a_cluster_store_refuses_rather_than_half_reads(
-    redis_cluster: RedisCluster, out: BinaryIO
-) -> None:
+def test_a_clusters_nodes_are_each_read_in_turn(redis_cluster: RedisCluster, out: BinaryIO) -> None:
     client = redis.RedisCluster.from_url(redis_cluster.url, socket_timeout=5)
     store = RedisStore(client, TEST_STORE_CONFIG)
     try:
         reads = _stored(store)
-        assert not store.reads_into_files
-        with pytest.raises(StoreError, match="standalone"):
-            store.get_blocks_into(reads, FORMAT, out)
-        assert _file_bytes(out) == b""
+        nodes = {client.get_node_from_key(read.key).name for read in reads}
+        assert len(nodes) > 1, "the blocks spread over several masters"
+        data = _same_as_get_blocks(store, reads, out)
+        assert sorted(_chunks(data)) == sorted(payload_for(i) for i in range(5))
     finally:
         client.close()
+
+
+def test_a_stale_slot_map_is_read_again_and_the_blocks_read_whole(
+    redis_cluster: RedisCluster,
+    out: BinaryIO,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node that no longer holds a key answers MOVED: the read is made again as get_blocks
+    makes it (which follows the move), nothing of the first attempt left in the file."""
+    client = redis.RedisCluster.from_url(redis_cluster.url, socket_timeout=5)
+    store = RedisStore(client, TEST_STORE_CONFIG)
+    try:
+        reads = _stored(store)
+        owner = client.get_node_from_key(reads[2].key)
+        elsewhere = next(n for n in client.get_primaries() if n.name != owner.name)
+        right = client.get_node_from_key
+        monkeypatch.setattr(
+            client,
+            "get_node_from_key",
+            lambda key, replica=False: elsewhere if key == reads[2].key else right(key, replica),
+        )
+        with caplog.at_level("INFO", logger="store.redis_store"):
+            data = _same_as_get_blocks(store, reads, out)
+        assert any("MOVED" in r.getMessage() for r in caplog.records), "the first read was moved"
+        assert data == b"".join(payload_for(i) for i in range(5))
+    finally:
+        client.close()
+
+
+def _chunks(data: bytes) -> list[bytes]:
+    size = len(payload_for(0))
+    return [data[i : i + size] for i in range(0, len(data), size)]
