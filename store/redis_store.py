@@ -21,7 +21,6 @@ from store.block_codec import (
     EncodedBlock,
     KVBlock,
     KVFormat,
-    StreamedBlockCheck,
     decode_block,
     encoded_block,
     pack_token_ids,
@@ -36,7 +35,6 @@ from store.errors import (
     ConflictReason,
     InvalidTransition,
     RecordRejected,
-    RejectReason,
     RequestExists,
     RequestNotFound,
     StoreUnavailable,
@@ -64,6 +62,7 @@ from store.request_record import (
     record_verifies,
 )
 from store.store_config import StoreConfig
+from store.streamed_reads import PayloadAt, read_blocks_into, write_blocks
 
 log = logging.getLogger(__name__)
 
@@ -175,24 +174,26 @@ def _shard_views_from(
     return views
 
 
-READ_PIECE_BYTES = 256 * 1024
-"""The piece of a value get_blocks_into takes at a time: well inside a core's L2 cache."""
+def _read_commands(reads: Sequence[BlockRead], block_ttl_seconds: int) -> list[Command]:
+    """The command that reads each block: a full block's GETEX (restarting its TTL: a
+    referenced prefix stays), a tail's GET, a shard's tail's HGET."""
+    return [
+        ("GETEX", read.key, "EX", block_ttl_seconds)
+        if read.is_full
+        else ("HGET", read.key, read.shard)
+        if read.shard
+        else ("GET", read.key)
+        for read in reads
+    ]
 
 
-@dataclass(frozen=True)
-class PayloadAt:
-    """A verified block whose payload get_blocks_into wrote to its file, and where."""
-
-    prefix_hash: bytes
-    num_tokens: int
-    offset: int
-    length: int
-
-
-def _write_all(out: BinaryIO, data: memoryview) -> None:
-    while data:
-        written = out.write(data)
-        data = data[written or 0 :]
+def _decoded(
+    read: BlockRead, data: bytes | None, kv_format: KVFormat, keyring: MacKeyring
+) -> KVBlock | BlockRejected:
+    try:
+        return decode_block(read.name, data, kv_format, *read.expected, keyring)
+    except BlockRejected as rejected:
+        return rejected
 
 
 def _stored_form(block: KVBlock | EncodedBlock, keyring: MacKeyring) -> EncodedBlock:
@@ -507,89 +508,27 @@ class RedisStore:
 
         Reading a full block restarts its TTL: a referenced prefix stays.
         """
-        loaded: list[KVBlock | BlockRejected] = []
-        for read, data in zip(reads, self._run(self._read_commands(reads)), strict=True):
-            try:
-                loaded.append(
-                    decode_block(read.name, data, kv_format, *read.expected, self._keyring)
-                )
-            except BlockRejected as rejected:
-                loaded.append(rejected)
-        return loaded
+        replies = self._run(_read_commands(reads, self._config.block_ttl_seconds))
+        return [
+            _decoded(read, data, kv_format, self._keyring)
+            for read, data in zip(reads, replies, strict=True)
+        ]
 
     def get_blocks_into(
         self, reads: Sequence[BlockRead], kv_format: KVFormat, out: BinaryIO
     ) -> list[PayloadAt | BlockRejected]:
-        """get_blocks' reads and checks, each verified payload written to ``out`` (an
-        unbuffered file, from its position on, one after another in the order they arrive)
-        instead of returned; a refused block leaves nothing there. Results in ``reads``'
-        order.
-
-        Nothing is held whole: each value is taken off the socket in pieces of
-        ``READ_PIECE_BYTES``, and each piece checked (CRC, MAC) and written while it is in
-        the CPU's cache. A resume's read then moves its bytes through memory about once
-        instead of once per step (hiredis's buffer, the reply's bytes, each check, the
-        write), which is what slows an engine beside it: its decode streams the weights
-        from memory every step. One round trip per node, as get_blocks. On a cluster whose
-        slot map is stale (a resharding) the slot map is read again and the blocks are read
-        whole, with get_blocks, which follows the moves: ``out`` is then rewritten.
-        """
+        """get_blocks, each verified payload written to ``out`` as it comes off the socket
+        (store.streamed_reads). A stale cluster slot map (a resharding) is read again and
+        the blocks read whole, which follows the moves: ``out`` rewritten from its start."""
         start = out.tell()
+        commands = _read_commands(reads, self._config.block_ttl_seconds)
         try:
-            return self._streamed_into(reads, kv_format, out)
+            return read_blocks_into(self._link, commands, reads, kv_format, self._keyring, out)
         except ValuesMoved as moved:
             log.info("%s; reading these blocks whole", moved)
             self._link.refresh_slots()
         out.seek(start)
-        loaded: list[PayloadAt | BlockRejected] = []
-        for block in self.get_blocks(reads, kv_format):
-            if isinstance(block, BlockRejected):
-                loaded.append(block)
-                continue
-            length = memoryview(block.payload).nbytes
-            loaded.append(PayloadAt(block.prefix_hash, block.num_tokens, out.tell(), length))
-            _write_all(out, memoryview(block.payload).cast("B"))
-        out.truncate(out.tell())
-        return loaded
-
-    def _streamed_into(
-        self, reads: Sequence[BlockRead], kv_format: KVFormat, out: BinaryIO
-    ) -> list[PayloadAt | BlockRejected]:
-        piece = memoryview(bytearray(READ_PIECE_BYTES))
-        at = out.tell()
-        loaded: dict[int, PayloadAt | BlockRejected] = {}
-        for index, value in self._link.stream_values(self._read_commands(reads)):
-            read = reads[index]
-            try:
-                if value is None:
-                    raise BlockRejected(read.name, RejectReason.MISSING)
-                check = StreamedBlockCheck(read.name, value.length, self._keyring)
-                while check.header_wanted:
-                    check.take_header(value.read_exact(check.header_wanted))
-                length = check.payload_wanted
-                while check.payload_wanted:
-                    count = value.read_into(piece[: check.payload_wanted])
-                    check.update(piece[:count])
-                    _write_all(out, piece[:count])
-                prefix_hash, num_tokens = check.finish(kv_format, *read.expected)
-            except BlockRejected as rejected:
-                loaded[index] = rejected
-                out.seek(at)
-                continue
-            loaded[index] = PayloadAt(prefix_hash, num_tokens, at, length)
-            at += length
-        out.truncate(at)
-        return [loaded[index] for index in range(len(reads))]
-
-    def _read_commands(self, reads: Sequence[BlockRead]) -> list[Command]:
-        return [
-            ("GETEX", read.key, "EX", self._config.block_ttl_seconds)
-            if read.is_full
-            else ("HGET", read.key, read.shard)
-            if read.shard
-            else ("GET", read.key)
-            for read in reads
-        ]
+        return write_blocks(self.get_blocks(reads, kv_format), out)
 
     def get_block_values(
         self, block_hashes: Sequence[bytes], shard: str = ""

@@ -43,7 +43,7 @@ from typing import IO, Any, Protocol
 
 from store import BlockRead, KVBlock, KVFormat, RedisStore, StoreConfig
 from store.errors import BlockRejected, RejectReason, StoreError, StoreUnavailable
-from store.redis_store import PayloadAt
+from store.streamed_reads import PayloadAt
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from store import (
     StoreError,
     StoreUnavailable,
     block_reads,
-    redis_store,
+    streamed_reads,
 )
 from store import keys as store_keys
 from store.keys import shard_suffix
-from store.redis_store import PayloadAt
+from store.streamed_reads import PayloadAt
 from tests.context_daemon.conftest import TEST_STORE_CONFIG
 from tests.context_daemon.test_store_blocks import FORMAT, create, payload_for, writes_for
 from tests.support.redis_server import RedisCluster, RedisServer
@@ -104,11 +104,11 @@ def _same_as_get_blocks(
     return data
 
 
-@pytest.mark.parametrize("piece_bytes", [7, 1000, redis_store.READ_PIECE_BYTES])
+@pytest.mark.parametrize("piece_bytes", [7, 1000, streamed_reads.READ_PIECE_BYTES])
 def test_every_block_comes_into_the_file_as_get_blocks_reads_it(
     single: RedisStore, out: BinaryIO, piece_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_store, "READ_PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(streamed_reads, "READ_PIECE_BYTES", piece_bytes)
     reads = _stored(single)
     data = _same_as_get_blocks(single, reads, out)
     assert data == b"".join(payload_for(i) for i in range(5))
