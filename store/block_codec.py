@@ -324,21 +324,33 @@ def encode_block(block: KVBlock, keyring: MacKeyring = LOOPBACK_KEYRING) -> byte
     return bytes(encoded_block(block, keyring).data)
 
 
+def _form_checked(
+    fields: tuple[Any, ...], value_length: int, reject: Callable[..., BlockRejected]
+) -> tuple[Any, ...]:
+    """The fixed header's ``fields`` of a stored value of ``value_length`` bytes, once its
+    form checks out: magic, version, and lengths that add up."""
+    magic, version, header_len = fields[:3]
+    payload_len, dtype_len, layout_len = fields[7], fields[10], fields[11]
+    if magic != BLOCK_MAGIC:
+        raise reject(RejectReason.MALFORMED, "bad magic")
+    if version != BLOCK_FORMAT_VERSION:
+        raise reject(RejectReason.VERSION, f"format {version}, expected {BLOCK_FORMAT_VERSION}")
+    if (
+        header_len != _FIXED.size + dtype_len + layout_len
+        or value_length != header_len + payload_len
+    ):
+        raise reject(RejectReason.MALFORMED, "lengths do not add up")
+    return fields
+
+
 def _verified_fields(
     view: memoryview, reject: Callable[..., BlockRejected], keyring: MacKeyring
 ) -> tuple[Any, ...]:
     """The fixed header's fields of a stored block whose form, CRC and MAC check out."""
     if len(view) < _FIXED.size:
         raise reject(RejectReason.MALFORMED, f"{len(view)} bytes is shorter than a header")
-    fields = _FIXED.unpack_from(view)
-    magic, version, header_len, crc = fields[:4]
-    payload_len, dtype_len, layout_len, mac_key_id, mac = fields[7], *fields[10:]
-    if magic != BLOCK_MAGIC:
-        raise reject(RejectReason.MALFORMED, "bad magic")
-    if version != BLOCK_FORMAT_VERSION:
-        raise reject(RejectReason.VERSION, f"format {version}, expected {BLOCK_FORMAT_VERSION}")
-    if header_len != _FIXED.size + dtype_len + layout_len or len(view) != header_len + payload_len:
-        raise reject(RejectReason.MALFORMED, "lengths do not add up")
+    fields = _form_checked(_FIXED.unpack_from(view), len(view), reject)
+    crc, mac_key_id, mac = fields[3], fields[12], fields[13]
     if crc32(view[_CRC_COVERS_FROM:]) != crc:
         raise reject(RejectReason.CHECKSUM)
     if not keyring.verify(mac_key_id, mac, _mac_parts(view)):
@@ -462,7 +474,10 @@ class StreamedBlockCheck:
             raise ValueError(f"{len(piece)} header bytes, {self.header_wanted} wanted")
         self._header += piece
         if self._fields is None and len(self._header) == _FIXED.size:
-            self._fields = self._form_checked(_FIXED.unpack_from(self._header))
+            self._fields = _form_checked(
+                _FIXED.unpack_from(self._header), self._length, self._reject
+            )
+            self._header_len, self._mac_key_id = self._fields[2], self._fields[12]
         if self._fields is not None and not self.header_wanted:
             header = memoryview(self._header)
             self._crc = crc32(header[_CRC_COVERS_FROM:])
@@ -501,24 +516,6 @@ class StreamedBlockCheck:
             self._reject,
         )
         return bytes(fields[8]), int(fields[6])
-
-    def _form_checked(self, fields: tuple[Any, ...]) -> tuple[Any, ...]:
-        magic, version, header_len = fields[:3]
-        payload_len, dtype_len, layout_len, mac_key_id = fields[7], *fields[10:13]
-        if magic != BLOCK_MAGIC:
-            raise self._reject(RejectReason.MALFORMED, "bad magic")
-        if version != BLOCK_FORMAT_VERSION:
-            raise self._reject(
-                RejectReason.VERSION, f"format {version}, expected {BLOCK_FORMAT_VERSION}"
-            )
-        if (
-            header_len != _FIXED.size + dtype_len + layout_len
-            or self._length != header_len + payload_len
-        ):
-            raise self._reject(RejectReason.MALFORMED, "lengths do not add up")
-        self._header_len = header_len
-        self._mac_key_id = mac_key_id
-        return fields
 
     def _reject(self, reason: RejectReason, detail: str = "") -> BlockRejected:
         return BlockRejected(self._name, reason, detail)

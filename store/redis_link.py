@@ -279,10 +279,6 @@ class StreamedValue:
         self._replies = replies
         self._left = length
 
-    @property
-    def remaining(self) -> int:
-        return self._left
-
     def read_into(self, buffer: memoryview) -> int:
         """Fills the start of ``buffer`` with the value's next bytes (at most what is left of
         it); how many. Blocks until at least one byte came."""

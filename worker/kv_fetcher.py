@@ -16,9 +16,9 @@ decode streams the weights from memory every step, and bytes moved through memor
 other core compete with it for bandwidth (benchmarks.memory_interference: a 94 MB copy loop
 beside a 270 MB bf16 matrix-vector product slowed it 1.03-1.48x on the same 2-core VM, with
 what else shared the host's memory). So the read moves each byte through memory as few
-times as it can: from a standalone server each value goes from the socket to the file in
-pieces that stay in the fetcher's core's cache while they are checked
-(store.redis_store.get_blocks_into; a Redis Cluster's nodes each in turn).
+times as it can: each value goes from the socket to the file in pieces that stay in the
+fetcher's core's cache while they are checked (store.streamed_reads; a Redis Cluster's
+nodes each in turn).
 
 The fetcher holds the same store configuration (URL, cluster, TLS, ACL user, MAC keys) as
 the worker. A fetcher that cannot start, or dies, costs nothing but its advantage: the read
@@ -211,28 +211,24 @@ def _fetched(
     """Reads ``reads`` into one shared-memory file: its path ('' when no block passed) and
     what the reader needs of each block. Each value goes from the socket to the file in
     pieces, checked on the way (RedisStore.get_blocks_into)."""
-    descriptor, path = _shared_file()
+    directory = SHARED_MEMORY_DIR if SHARED_MEMORY_DIR.is_dir() else None
+    descriptor, path = tempfile.mkstemp(prefix="spotinfer-kv-", dir=directory)
     try:
         with os.fdopen(descriptor, "wb", buffering=0) as file:
             loaded = store.get_blocks_into(reads, kv_format, file)
     except BaseException:
         os.unlink(path)
         raise
-    items = [_refused(item) if isinstance(item, BlockRejected) else item for item in loaded]
+    items = [
+        _Refused(item.block_name, item.reason.value, item.detail)
+        if isinstance(item, BlockRejected)
+        else item
+        for item in loaded
+    ]
     if not any(isinstance(item, PayloadAt) for item in items):
         os.unlink(path)
         return "", items
     return path, items
-
-
-def _shared_file() -> tuple[int, str]:
-    """A new file in shared memory (a temporary directory where there is none)."""
-    directory = SHARED_MEMORY_DIR if SHARED_MEMORY_DIR.is_dir() else None
-    return tempfile.mkstemp(prefix="spotinfer-kv-", dir=directory)
-
-
-def _refused(block: BlockRejected) -> _Refused:
-    return _Refused(block.block_name, block.reason.value, block.detail)
 
 
 def serve(inbound: IO[bytes], outbound: IO[bytes]) -> None:

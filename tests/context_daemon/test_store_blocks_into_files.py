@@ -187,45 +187,47 @@ def test_over_tls_as_a_worker(secure_redis: RedisProcess, out: BinaryIO) -> None
         store.close()
 
 
-def test_a_clusters_nodes_are_each_read_in_turn(redis_cluster: RedisCluster, out: BinaryIO) -> None:
+@pytest.fixture
+def clustered(redis_cluster: RedisCluster) -> Iterator[tuple[redis.RedisCluster, RedisStore]]:
+    """A client of the 3-master cluster and a store on it."""
     client = redis.RedisCluster.from_url(redis_cluster.url, socket_timeout=5)
-    store = RedisStore(client, TEST_STORE_CONFIG)
-    try:
-        reads = _stored(store)
-        nodes = {client.get_node_from_key(read.key).name for read in reads}
-        assert len(nodes) > 1, "the blocks spread over several masters"
-        data = _same_as_get_blocks(store, reads, out)
-        assert sorted(_chunks(data)) == sorted(payload_for(i) for i in range(5))
-    finally:
-        client.close()
+    yield client, RedisStore(client, TEST_STORE_CONFIG)
+    client.close()
+
+
+def test_a_clusters_nodes_are_each_read_in_turn(
+    clustered: tuple[redis.RedisCluster, RedisStore], out: BinaryIO
+) -> None:
+    client, store = clustered
+    reads = _stored(store)
+    nodes = {client.get_node_from_key(read.key).name for read in reads}
+    assert len(nodes) > 1, "the blocks spread over several masters"
+    data = _same_as_get_blocks(store, reads, out)
+    assert sorted(_chunks(data)) == sorted(payload_for(i) for i in range(5))
 
 
 def test_a_stale_slot_map_is_read_again_and_the_blocks_read_whole(
-    redis_cluster: RedisCluster,
+    clustered: tuple[redis.RedisCluster, RedisStore],
     out: BinaryIO,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A node that no longer holds a key answers MOVED: the read is made again as get_blocks
     makes it (which follows the move), nothing of the first attempt left in the file."""
-    client = redis.RedisCluster.from_url(redis_cluster.url, socket_timeout=5)
-    store = RedisStore(client, TEST_STORE_CONFIG)
-    try:
-        reads = _stored(store)
-        owner = client.get_node_from_key(reads[2].key)
-        elsewhere = next(n for n in client.get_primaries() if n.name != owner.name)
-        right = client.get_node_from_key
-        monkeypatch.setattr(
-            client,
-            "get_node_from_key",
-            lambda key, replica=False: elsewhere if key == reads[2].key else right(key, replica),
-        )
-        with caplog.at_level("INFO", logger="store.redis_store"):
-            data = _same_as_get_blocks(store, reads, out)
-        assert any("MOVED" in r.getMessage() for r in caplog.records), "the first read was moved"
-        assert data == b"".join(payload_for(i) for i in range(5))
-    finally:
-        client.close()
+    client, store = clustered
+    reads = _stored(store)
+    owner = client.get_node_from_key(reads[2].key)
+    elsewhere = next(n for n in client.get_primaries() if n.name != owner.name)
+    right = client.get_node_from_key
+    monkeypatch.setattr(
+        client,
+        "get_node_from_key",
+        lambda key, replica=False: elsewhere if key == reads[2].key else right(key, replica),
+    )
+    with caplog.at_level("INFO", logger="store.redis_store"):
+        data = _same_as_get_blocks(store, reads, out)
+    assert any("MOVED" in r.getMessage() for r in caplog.records), "the first read was moved"
+    assert data == b"".join(payload_for(i) for i in range(5))
 
 
 def _chunks(data: bytes) -> list[bytes]:
