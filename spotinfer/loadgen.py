@@ -110,6 +110,7 @@ class RequestTrace:
     token_workers: list[str] = field(default_factory=list)  # which worker produced each token
     finish_reason: int = 0
     error_code: str = ""
+    error_detail: str = ""  # the status message that came with error_code
     events: list[TraceEvent] = field(default_factory=list)
     duplicates: int = 0
     gaps: int = 0
@@ -312,6 +313,7 @@ async def _stream_one(
             )
             if action == NextCall.GIVE_UP or retries >= REATTACH_ATTEMPTS:
                 trace.error_code = exc.code().name
+                trace.error_detail = exc.details() or ""
                 return trace
         retries += 1
         await asyncio.sleep(REATTACH_BACKOFF_SECONDS)

@@ -36,7 +36,8 @@ Command = tuple[Any, ...]
 # Values longer than this go to the socket as their own chunk, uncopied (redis-py's default).
 _PACK_BUFFER_CUTOFF_BYTES = 6000
 
-_UNAVAILABLE_ERRORS = (
+# redis-py's errors that mean Redis could not be reached or did not answer in time.
+UNAVAILABLE_ERRORS = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     ClusterDownError,
@@ -68,7 +69,7 @@ def connect(url: str, cluster: bool, config: StoreConfig) -> RedisClient:
     )
     try:
         return redis.RedisCluster.from_url(url, connection_class=connection_class, **options)
-    except _UNAVAILABLE_ERRORS as error:
+    except UNAVAILABLE_ERRORS as error:
         raise StoreUnavailable(f"Redis Cluster unavailable: {error}") from error
 
 
@@ -143,7 +144,7 @@ class RedisLink:
                 for i, result in zip(forgotten, retried, strict=True):
                     results[i] = result
             for command, result in zip(commands, results, strict=True):
-                if isinstance(result, _UNAVAILABLE_ERRORS):
+                if isinstance(result, UNAVAILABLE_ERRORS):
                     raise result
                 if isinstance(result, Exception):
                     raise StoreError(f"Redis refused {command[0]}: {result}") from result
@@ -184,7 +185,7 @@ class RedisLink:
                         value.skip_rest()
                 replies.check_drained()
             finished = True
-        except (OSError, *_UNAVAILABLE_ERRORS) as error:
+        except (OSError, *UNAVAILABLE_ERRORS) as error:
             raise StoreUnavailable(f"Redis unavailable: {error}") from error
         finally:
             for pool, connection in held:
@@ -258,7 +259,7 @@ class RedisLink:
     def translate_errors(self) -> Iterator[None]:
         try:
             yield
-        except _UNAVAILABLE_ERRORS as error:
+        except UNAVAILABLE_ERRORS as error:
             raise StoreUnavailable(f"Redis unavailable: {error}") from error
         except ResponseError as error:
             raise StoreError(f"Redis error: {error}") from error

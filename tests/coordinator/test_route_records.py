@@ -6,14 +6,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 
+import grpc
 import pytest
 import redis
 
+from protos.spotinfer.v1 import inference_pb2
 from spotinfer.local.coordinator_process import CoordinatorProcess
 from spotinfer.local.worker_process import WorkerProcess
 from store.keys import request_route_key, schema_pattern
-from tests.coordinator.conftest import TIMEOUT_SECONDS, assemble, greedy, start_coordinator
+from tests.coordinator.conftest import (
+    TIMEOUT_SECONDS,
+    assemble,
+    greedy,
+    health_of,
+    start_coordinator,
+)
 from tests.support.redis_server import RedisServer
 from tests.support.wait import wait_until
 
@@ -118,3 +127,35 @@ def test_nothing_of_a_finished_request_stays_in_redis(
         30,
         0.1,
     )
+
+
+def test_attach_while_redis_is_down_answers_unavailable(tmp_path: Path) -> None:
+    """A client that re-attaches while the coordinator cannot reach Redis learns it should
+    try again (UNAVAILABLE, with the reason), not that the server failed (INTERNAL)."""
+    redis_server = RedisServer().start()
+    coordinator = start_coordinator(
+        "--redis-url", redis_server.url, log_dir=tmp_path, wait_serving=False
+    )
+    try:
+        wait_until(lambda: _answers(coordinator), "the coordinator to answer", 60)
+        redis_server.stop()
+        with pytest.raises(grpc.RpcError) as raised:
+            list(
+                coordinator.inference.Attach(
+                    inference_pb2.AttachRequest(request_id="during-outage", from_index=3),
+                    timeout=TIMEOUT_SECONDS,
+                )
+            )
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE, raised.value.details()
+        assert "Redis unavailable" in (raised.value.details() or "")
+    finally:
+        coordinator.stop()
+        redis_server.stop()
+
+
+def _answers(coordinator: CoordinatorProcess) -> bool:
+    try:
+        health_of(coordinator)
+    except grpc.RpcError:
+        return False
+    return True

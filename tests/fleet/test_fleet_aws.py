@@ -193,7 +193,7 @@ def test_a_restarted_coordinator_knows_every_node_within_one_lease_interval(
     traces = streams.join()
     result = verdict(traces, greedy(fleet, planned))
     lost = [
-        (t.request_id, t.error_code, t.finish_reason, len(t.token_ids), t.reattached,
+        (t.request_id, t.error_code, t.error_detail, t.finish_reason, len(t.token_ids), t.reattached,
          t.resubmitted, [(e.kind, e.from_worker, e.to_worker, e.detail) for e in t.events])
         for t in traces if t.request_id in result.lost
     ]  # fmt: skip
