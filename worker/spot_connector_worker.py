@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING
@@ -31,7 +32,8 @@ from store.block_writer import KVBlockWriter, PendingBlock
 from worker.constants import KV_WRITE_QUEUE_BLOCKS
 from worker.daemon_writer import HandoffWriter
 from worker.kv_copy import KVCopier, as_bytes
-from worker.kv_layout import check_tensors, host_tensor, layer_names
+from worker.kv_layout import check_tensors, layer_names
+from worker.kv_runs import LoadRun, end_to_end
 from worker.kv_transfer import CopyStream, InOrderLanding
 from worker.persist_stats import (
     CACHED_BLOCKS,
@@ -115,47 +117,47 @@ class SpotConnectorWorker:
         self._mac_rejected += meta.mac_rejected_blocks
         receiving = set(meta.receiving)
         later: dict[str, list[BlockLoad]] = {vllm_id: [] for vllm_id in meta.receiving}
+        now = [load for load in meta.loads if load.vllm_id not in receiving]
         for load in meta.loads:
             if load.vllm_id in receiving:
                 later[load.vllm_id].append(load)
-            else:
-                self._copy_in(load)
+        for run in self._runs(now):
+            self._copy_in(run)
         for vllm_id, loads in later.items():
             self._receiving.append((vllm_id, self._loader.submit(self._copy_in_all, loads)))
 
+    def _runs(self, loads: list[BlockLoad]) -> Iterator[LoadRun]:
+        """``loads`` in runs that one copy each fills (worker/kv_runs.py); through a device's
+        pinned buffers, no run larger than a quarter of their pool."""
+        largest = self._copies.pool.max_bytes // 4 if self._copies.is_cuda else None
+        return end_to_end(self._copier, self._tp_rank, loads, largest)
+
     def _copy_in_all(self, loads: list[BlockLoad]) -> None:
-        for load in loads:
+        for run in self._runs(loads):
             try:
-                self._copy_in(load, received=True)
+                self._copy_in(run, received=True)
             except Exception:
                 log.exception(
-                    "loading %d cache blocks failed; vLLM recomputes them", len(load.block_ids)
+                    "loading %d cache blocks failed; vLLM recomputes them", len(run.block_ids)
                 )
                 with self._load_lock:
-                    self._load_errors.update(load.block_ids)
+                    self._load_errors.update(run.block_ids)
 
-    def _copy_in(self, load: BlockLoad, received: bool = False) -> None:
-        """One load's copy into its slots. ``received``: an asynchronous load, reported once
-        its copy is done (so this waits for it); else the next forward pass waits for it on
+    def _copy_in(self, run: LoadRun, received: bool = False) -> None:
+        """One run's copy into its slots. ``received``: asynchronous loads, reported once
+        their copy is done (so this waits for it); else the next forward pass waits for it on
         the device, and the landing gives its pinned buffer back."""
-        blocks, last = self._copier.last_block_tokens(load.num_tokens)
-        value, last = self._copier.part(
-            host_tensor(load.payloads[self._tp_rank]),
-            blocks,
-            last,
-            load.first_block,
-            len(load.block_ids),
+        transfer = self._copies.load(
+            self._copier, self._tensors, run.block_ids, run.value(), run.last
         )
-        transfer = self._copies.load(self._copier, self._tensors, load.block_ids, value, last)
         if received:
             transfer.finish()
         else:
             self._landing.land(transfer)
+        staged = sum(1 for load in run.loads if load.staged)
         with self._load_lock:
-            if load.staged:
-                self._loaded_staged += 1
-            else:
-                self._loaded_from_store += 1
+            self._loaded_staged += staged
+            self._loaded_from_store += len(run.loads) - staged
 
     def take_load_errors(self) -> set[int]:
         """Cache slots whose load failed since the last call (vLLM recomputes them)."""
