@@ -2,7 +2,8 @@
 asynchronous load vs the synchronous baseline.
 
     python -m benchmarks.kv_load_stall [--context 4097] [--streams 8] [--rounds 3]
-        [--dtype bfloat16] [--redis-nice 0] [--json docs/bench/kv_load_stall.json]
+        [--dtype bfloat16] [--redis-nice 0] [--modes sync async]
+        [--json docs/bench/kv_load_stall.json]
 
 Real processes only: a redis-server started here, two standby workers that stay loaded —
 one with ``--kv-load async`` (the default), one with ``--kv-load sync`` (the store read
@@ -242,25 +243,26 @@ def measure(args: Any, model: str, console: Console) -> dict[str, Any]:
 
     fingerprint = model_fingerprint(model, args.dtype)
     text = TextTokens(model)
-    samples: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    modes: tuple[str, ...] = tuple(args.modes)
+    samples: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     with RedisProcess() as server, Progress(console=console) as progress:
         if args.redis_nice:
             assert server.pid is not None
             os.setpriority(os.PRIO_PGRP, server.pid, args.redis_nice)  # its own group
-        task = progress.add_task("loading the standbys", total=args.rounds * len(MODES))
+        task = progress.add_task("loading the standbys", total=args.rounds * len(modes))
         store = RedisStore.from_url(server.url)
         standbys = {
             mode: WorkerProcess(
                 model, *worker_flags(server.url, f"standby-{mode}", mode, args.dtype)
             )
-            for mode in MODES
+            for mode in modes
         }
         try:
             for standby in standbys.values():
                 standby.start()
             sample = 0
             for r in range(args.rounds):
-                for mode in rotated(MODES, r):
+                for mode in rotated(modes, r):
                     progress.update(task, description=f"round {r + 1}: {mode}")
                     samples[mode].append(
                         one_sample(
@@ -293,7 +295,8 @@ def measure(args: Any, model: str, console: Console) -> dict[str, Any]:
         "other_streams": args.streams,
         "chunk_tokens": CHUNK_TOKENS,
         "redis_nice": args.redis_nice,
-        "median": {mode: {key: med(mode, key) for key in keys} for mode in MODES},
+        "modes": list(modes),
+        "median": {mode: {key: med(mode, key) for key in keys} for mode in modes},
         "samples": samples,
     }
 
@@ -312,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="0-19",
         help="the redis-server's CPU niceness (19: out of the worker's way, as a remote one)",
     )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help="the --kv-load modes to measure, one standby each (default: both)",
+    )
     args = parser.parse_args(argv)
     model = resolve_model_arg(args.model)
     console = Console()
@@ -326,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['median'][mode]['rate_during_tokens_per_s']:.1f}",
             f"{result['median'][mode]['resume_ms']:.0f}",
         ]
-        for mode in MODES
+        for mode in result["modes"]
     ]
     columns = [
         "kv load",

@@ -7,10 +7,11 @@ memory are therefore one value of all their blocks, and one scatter copies them:
 per layer for the whole resume instead of one per layer per chunk.
 
 That matters on the engine's process, not for the bytes: a 4k-token context is 16 chunks of
-30 layers, and each of those ~3,000 small copies takes the interpreter lock twice, which the
-engine thread stepping the other sequences needs between its own operations. Measured
-beside a stepping engine (benchmarks.kv_load_stall), the copy of 16 chunks one by one took
-~60 ms of one step and slowed it by ~20 ms.
+30 layers, and each of those ~500 small copies, with the slicing around it, takes the
+interpreter lock the engine thread stepping the other sequences needs between its own
+operations. In a traced resume beside 8 decoding streams (benchmarks.kv_load_stall, a 2-core
+EPYC), the chunks copied one by one took 55-62 ms and lengthened the step beside them by
+~20 ms; as one run, 34-43 ms and 2-8 ms.
 """
 
 from __future__ import annotations
