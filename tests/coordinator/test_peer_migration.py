@@ -32,9 +32,12 @@ from tests.support.wait import wait_until
 
 STREAMS = 4
 PROMPT_TOKENS = 40
-MAX_TOKENS = 900
+# Long enough that every stream still runs when the pause comes: the notice's staging step
+# (which fails here, Redis being cut) may take seconds on a loaded machine, and the tiny model
+# decoded the rest of 900 tokens in under 2 s, finishing all four on the source first.
+MAX_TOKENS = 1900
 PAST_FIRST_CHUNK = 240  # output tokens: the first 256-token chunk is stored (at 216)
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 2048
 SOURCE, TARGET = "peer-source", "peer-target"
 
 
@@ -54,7 +57,14 @@ def _node(
         *("--kv-handoff-socket", str(here / "handoff.sock")),
         *("--kv-peer-staging-dir", str(peer_dir)),
     )
-    worker = WorkerProcess(tiny_model, *WORKER_FLAGS, *shared, "--worker-id", name, log_dir=log_dir)
+    worker = WorkerProcess(
+        tiny_model,
+        *WORKER_FLAGS,
+        *("--max-model-len", str(MAX_MODEL_LEN)),  # over WORKER_FLAGS' 1024
+        *shared,
+        *("--worker-id", name),
+        log_dir=log_dir,
+    )
     daemon = DaemonProcess(
         *("--notice-source", "file", "--notice-file", str(here / "notice")),
         *shared,
