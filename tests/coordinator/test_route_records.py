@@ -132,25 +132,24 @@ def test_nothing_of_a_finished_request_stays_in_redis(
 def test_attach_while_redis_is_down_answers_unavailable(tmp_path: Path) -> None:
     """A client that re-attaches while the coordinator cannot reach Redis learns it should
     try again (UNAVAILABLE, with the reason), not that the server failed (INTERNAL)."""
-    redis_server = RedisServer().start()
-    coordinator = start_coordinator(
-        "--redis-url", redis_server.url, log_dir=tmp_path, wait_serving=False
-    )
-    try:
-        wait_until(lambda: _answers(coordinator), "the coordinator to answer", 60)
-        redis_server.stop()
-        with pytest.raises(grpc.RpcError) as raised:
-            list(
-                coordinator.inference.Attach(
-                    inference_pb2.AttachRequest(request_id="during-outage", from_index=3),
-                    timeout=TIMEOUT_SECONDS,
+    with RedisServer() as redis_server:
+        coordinator = start_coordinator(
+            "--redis-url", redis_server.url, log_dir=tmp_path, wait_serving=False
+        )
+        try:
+            wait_until(lambda: _answers(coordinator), "the coordinator to answer", 60)
+            redis_server.stop()
+            with pytest.raises(grpc.RpcError) as raised:
+                list(
+                    coordinator.inference.Attach(
+                        inference_pb2.AttachRequest(request_id="during-outage", from_index=3),
+                        timeout=TIMEOUT_SECONDS,
+                    )
                 )
-            )
-        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE, raised.value.details()
-        assert "Redis unavailable" in (raised.value.details() or "")
-    finally:
-        coordinator.stop()
-        redis_server.stop()
+        finally:
+            coordinator.stop()
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE, raised.value.details()
+    assert "Redis unavailable" in (raised.value.details() or "")
 
 
 def _answers(coordinator: CoordinatorProcess) -> bool:
