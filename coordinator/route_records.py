@@ -22,10 +22,8 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from store.errors import StoreError, StoreUnavailable
 from store.keys import request_route_key
-from store.redis_link import UNAVAILABLE_ERRORS as _UNAVAILABLE_ERRORS
-from store.redis_link import security_options
+from store.redis_link import security_options, translate_errors
 from store.store_config import StoreConfig
 
 log = logging.getLogger(__name__)
@@ -131,12 +129,8 @@ class RouteRecords:
     async def get(self, request_id: str) -> RouteRecord | None:
         """The request's record, None when it has none; StoreUnavailable (UNAVAILABLE to a
         client, who attaches again) when Redis does not answer, StoreError when it refuses."""
-        try:
+        with translate_errors():
             fields = await self._client.hgetall(request_route_key(request_id))  # type: ignore[misc]
-        except _UNAVAILABLE_ERRORS as exc:
-            raise StoreUnavailable(f"Redis unavailable: {exc}") from exc
-        except RedisError as exc:
-            raise StoreError(f"Redis refused the route of {request_id!r}: {exc}") from exc
         return RouteRecord.from_fields(fields) if fields else None
 
     async def flush(self) -> None:

@@ -36,8 +36,7 @@ Command = tuple[Any, ...]
 # Values longer than this go to the socket as their own chunk, uncopied (redis-py's default).
 _PACK_BUFFER_CUTOFF_BYTES = 6000
 
-# redis-py's errors that mean Redis could not be reached or did not answer in time.
-UNAVAILABLE_ERRORS = (
+_UNAVAILABLE_ERRORS = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     ClusterDownError,
@@ -45,6 +44,18 @@ UNAVAILABLE_ERRORS = (
     SlotNotCoveredError,
     RedisClusterException,
 )
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """redis-py's errors (sync or asyncio client) as the store's: StoreUnavailable when Redis
+    could not be reached or did not answer in time, StoreError when it refused a command."""
+    try:
+        yield
+    except _UNAVAILABLE_ERRORS as error:
+        raise StoreUnavailable(f"Redis unavailable: {error}") from error
+    except ResponseError as error:
+        raise StoreError(f"Redis error: {error}") from error
 
 
 def connect(url: str, cluster: bool, config: StoreConfig) -> RedisClient:
@@ -69,7 +80,7 @@ def connect(url: str, cluster: bool, config: StoreConfig) -> RedisClient:
     )
     try:
         return redis.RedisCluster.from_url(url, connection_class=connection_class, **options)
-    except UNAVAILABLE_ERRORS as error:
+    except _UNAVAILABLE_ERRORS as error:
         raise StoreUnavailable(f"Redis Cluster unavailable: {error}") from error
 
 
@@ -134,7 +145,7 @@ class RedisLink:
         A server that lost its script cache (a restart, a failover) answers NOSCRIPT without
         running anything; those commands are sent again after loading the scripts.
         """
-        with self.translate_errors():
+        with translate_errors():
             results = self._pipeline(commands)
             forgotten = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
             if forgotten:
@@ -144,7 +155,7 @@ class RedisLink:
                 for i, result in zip(forgotten, retried, strict=True):
                     results[i] = result
             for command, result in zip(commands, results, strict=True):
-                if isinstance(result, UNAVAILABLE_ERRORS):
+                if isinstance(result, _UNAVAILABLE_ERRORS):
                     raise result
                 if isinstance(result, Exception):
                     raise StoreError(f"Redis refused {command[0]}: {result}") from result
@@ -167,7 +178,7 @@ class RedisLink:
         StoreUnavailable, as ``run`` does; the connections are dropped then, and whenever
         the caller stops early.
         """
-        with self.translate_errors():
+        with translate_errors():
             groups = self._node_groups(commands)
         held: list[tuple[Any, Any]] = []
         finished = False
@@ -185,7 +196,7 @@ class RedisLink:
                         value.skip_rest()
                 replies.check_drained()
             finished = True
-        except (OSError, *UNAVAILABLE_ERRORS) as error:
+        except (OSError, *_UNAVAILABLE_ERRORS) as error:
             raise StoreUnavailable(f"Redis unavailable: {error}") from error
         finally:
             for pool, connection in held:
@@ -208,7 +219,7 @@ class RedisLink:
     def refresh_slots(self) -> None:
         """Reads a cluster's slot map again (after ValuesMoved); nothing on a standalone."""
         if isinstance(self._client, redis.RedisCluster):
-            with self.translate_errors():
+            with translate_errors():
                 self._client.nodes_manager.initialize()
 
     @staticmethod
@@ -223,17 +234,17 @@ class RedisLink:
 
     def scan(self, pattern: str) -> list[bytes]:
         """Every key matching ``pattern``, on every node of a cluster."""
-        with self.translate_errors():
+        with translate_errors():
             return list(self._client.scan_iter(match=pattern))
 
     def ping(self) -> None:
-        with self.translate_errors():
+        with translate_errors():
             self._client.ping()
 
     def memory_settings(self) -> list[tuple[str, str, int]]:
         """(node, maxmemory-policy, maxmemory bytes) of the server, or of every master of a
         cluster, from INFO memory."""
-        with self.translate_errors():
+        with translate_errors():
             if isinstance(self._client, redis.RedisCluster):
                 answers = self._client.info("memory", target_nodes=redis.RedisCluster.PRIMARIES)
                 per_node = dict(answers) if isinstance(answers, dict) else {}
@@ -254,15 +265,6 @@ class RedisLink:
         for command in commands:
             pipe.execute_command(*command)
         return list(pipe.execute(raise_on_error=False))
-
-    @contextlib.contextmanager
-    def translate_errors(self) -> Iterator[None]:
-        try:
-            yield
-        except UNAVAILABLE_ERRORS as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
-        except ResponseError as error:
-            raise StoreError(f"Redis error: {error}") from error
 
 
 _READ_CHUNK_BYTES = 64 * 1024

@@ -10,7 +10,7 @@ That matters on the engine's process, not for the bytes: a 4k-token context is 1
 30 layers, and each of those ~500 small copies, with the slicing around it, takes the
 interpreter lock the engine thread stepping the other sequences needs between its own
 operations. In a traced resume beside 8 decoding streams (benchmarks.kv_load_stall, a 2-core
-EPYC), the chunks copied one by one took 55-62 ms and lengthened the step beside them by
+Xeon), the chunks copied one by one took 55-62 ms and lengthened the step beside them by
 ~20 ms; as one run, 34-43 ms and 2-8 ms.
 """
 

@@ -115,12 +115,10 @@ class SpotConnectorWorker:
         starts its asynchronous ones on the loader thread."""
         self._found_cached += meta.cached_blocks
         self._mac_rejected += meta.mac_rejected_blocks
-        receiving = set(meta.receiving)
         later: dict[str, list[BlockLoad]] = {vllm_id: [] for vllm_id in meta.receiving}
-        now = [load for load in meta.loads if load.vllm_id not in receiving]
+        now: list[BlockLoad] = []
         for load in meta.loads:
-            if load.vllm_id in receiving:
-                later[load.vllm_id].append(load)
+            later.get(load.vllm_id, now).append(load)
         for run in self._runs(now):
             self._copy_in(run)
         for vllm_id, loads in later.items():
